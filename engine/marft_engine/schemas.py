@@ -1,0 +1,285 @@
+"""The engine's HTTP protocol: every request and response body.
+
+These pydantic models are the single source of truth. FastAPI turns them into the OpenAPI document
+(`engine/openapi.json`), and the TypeScript client's types are generated from that document.
+
+Conventions
+- Per-token arrays in a `Datum` are aligned with `tokens`: entry i refers to token i as predicted
+  from tokens[:i]. Entry 0 has no prediction and is ignored (weights[0] must be 0).
+- `weights` is 1 on positions the policy wrote (action tokens) and 0 elsewhere (prompt, other
+  agents' text, padding).
+- Log-probabilities are natural logs.
+- Temperature: every log-prob the engine returns or trains on is computed from logits / temperature
+  (the tempered policy). `sample` reports them for the temperature it sampled with, so passing the
+  same temperature to `forward` / `forward_backward` reproduces them (the parity tests pin this).
+  Top-k / top-p truncation is NOT part of that policy: `sampler_logprobs` gives the log-prob under the
+  truncated, renormalised distribution the token was actually drawn from, for callers that need it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """Unknown fields are errors, so a typo in a client is a 422 that names the field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------------------------------------------
+# bases and adapters
+
+
+class BaseCreate(Strict):
+    name: str = Field(min_length=1, max_length=128, description="Name the base is referred to by.")
+    source: str = Field(
+        description="tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, "
+        "gguf:<file>, or pkg:smollm2-135m-instruct"
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: float32 on CPU, bfloat16 autocast on GPU (LoRA weights stay fp32)"
+    )
+    seed: int = Field(0, description="Seed for random-init (tiny:) bases.")
+
+
+class BaseInfo(Strict):
+    name: str
+    source: str
+    vocab_size: int
+    context_length: int
+    num_parameters: int
+    eos_token_ids: list[int]
+    pad_token_id: int
+    device: str
+    dtype: str
+
+
+class LoraConfig(Strict):
+    r: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+
+
+class OptimizerConfig(Strict):
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class AdapterCreate(Strict):
+    name: str = Field(min_length=1, max_length=128, description="Unique over all bases; not __base__.")
+    base: str
+    kind: Literal["policy", "critic"] = "policy"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    value_head_hidden: list[int] = Field(
+        default_factory=list,
+        description="critic only: hidden sizes of the MLP value head (empty = linear head)",
+    )
+    init_from: str | None = Field(None, description="a PEFT adapter directory to load the weights from")
+    seed: int = 0
+
+
+class AdapterInfo(Strict):
+    name: str
+    base: str
+    kind: Literal["policy", "critic"]
+    version: int
+    num_trainable_parameters: int
+    lora: LoraConfig
+
+
+class AdapterList(Strict):
+    adapters: list[AdapterInfo]
+
+
+class BaseList(Strict):
+    bases: list[BaseInfo]
+
+
+# ----------------------------------------------------------------------------------------------------
+# sampling
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class SamplingParams(Strict):
+    temperature: float = Field(1.0, ge=0, description="0 = greedy (log-probs then at temperature 1)")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = no top-k")
+    max_new_tokens: int = Field(64, ge=1)
+    stop: list[str] = Field(default_factory=list, description="stop strings; the text is cut before one")
+    n: int = Field(1, ge=1, le=256, description="samples per prompt")
+
+
+class SampleRequest(Strict):
+    adapter: str = Field(description="policy adapter name, or __base__ for the bare base (then give base)")
+    base: str | None = Field(None, description="required with adapter __base__; else inferred")
+    messages: list[ChatMessage] | None = Field(None, description="templated by the engine's chat template")
+    prompt_ids: list[int] | None = Field(None, description="raw prompt token ids (instead of messages)")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class SampleBatch(Strict):
+    requests: list[SampleRequest] = Field(min_length=1)
+    seed: int | None = Field(None, description="makes the whole batch reproducible")
+
+
+class Completion(Strict):
+    response_ids: list[int]
+    logprobs: list[float] = Field(description="per response token, under the tempered policy")
+    sampler_logprobs: list[float] = Field(description="per response token, under the truncated sampler")
+    text: str
+    finish_reason: Literal["stop", "eos", "length"]
+
+
+class SampleResult(Strict):
+    prompt_ids: list[int]
+    adapter: str
+    adapter_version: int
+    completions: list[Completion]
+
+
+class SampleResponse(Strict):
+    results: list[SampleResult] = Field(description="one per request, in request order")
+    tokens_sampled: int
+    seconds: float
+
+
+# ----------------------------------------------------------------------------------------------------
+# forward and training
+
+
+class Datum(Strict):
+    tokens: list[int] = Field(min_length=2)
+    weights: list[float] | None = Field(None, description="1 on action tokens; default all but token 0")
+    old_logprobs: list[float] | None = None
+    advantages: list[float] | None = None
+    returns: list[float] | None = None
+    old_values: list[float] | None = None
+
+
+class ForwardRequest(Strict):
+    adapter: str = Field(description="policy or critic adapter, or __base__ (adapters disabled)")
+    base: str | None = None
+    data: list[Datum] = Field(min_length=1)
+    temperature: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(8192, ge=16)
+
+
+class ForwardResult(Strict):
+    logprobs: list[float] | None = Field(None, description="aligned with tokens; entry 0 is 0")
+    entropies: list[float] | None = Field(None, description="entropy of the predictive distribution")
+    values: list[float] | None = Field(None, description="critic: values[i] = V(tokens[: i + 1])")
+
+
+class ForwardResponse(Strict):
+    results: list[ForwardResult]
+
+
+class PPOConfig(Strict):
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    entropy_coef: float = 0.0
+    kl_coef: float = Field(0.0, ge=0, description="penalty to the reference (base, adapters off)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    ratio: Literal["token", "sequence"] = Field(
+        "token", description="token: per-token ratios; sequence: one ratio per datum (action level)"
+    )
+    sequence_logprob: Literal["sum", "mean"] = Field(
+        "sum", description="for ratio=sequence: the action log-prob is the token sum or mean"
+    )
+    aggregation: Literal["token-mean", "token-sum"] = Field(
+        "token-mean",
+        description="token-mean: mean over all weighted tokens of the call; token-sum: per-datum sum, "
+        "mean over data",
+    )
+
+
+class ValueConfig(Strict):
+    loss: Literal["mse", "huber"] = "mse"
+    huber_delta: float = Field(10.0, gt=0)
+    clip: float | None = Field(0.2, description="clip values to old_values ± clip; null = unclipped")
+
+
+class ForwardBackwardRequest(Strict):
+    adapter: str
+    loss: Literal["ppo", "importance_sampling", "cross_entropy", "value"]
+    data: list[Datum] = Field(min_length=1)
+    temperature: float = Field(1.0, gt=0)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    value: ValueConfig = Field(default_factory=ValueConfig)
+    loss_scale: float = Field(
+        1.0, description="multiplies the loss before backward, to weight calls that accumulate"
+    )
+    micro_batch_tokens: int = Field(8192, ge=16, description="token budget per micro-batch")
+
+
+class ForwardBackwardResponse(Strict):
+    loss: float
+    stats: dict[str, float] = Field(
+        description="e.g. clipfrac, approx_kl, entropy, kl_ref, ratio_mean, value_mean, tokens, micro_batches"
+    )
+    num_data: int
+    num_tokens: int
+
+
+class OptimStepRequest(Strict):
+    adapter: str
+    lr: float | None = Field(None, gt=0, description="overrides the adapter's learning rate from now on")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="null = no clipping")
+
+
+class OptimStepResponse(Strict):
+    adapter: str
+    version: int
+    grad_norm: float = Field(description="before clipping")
+    lr: float
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints and service
+
+
+class CheckpointRequest(Strict):
+    path: str = Field(description="a directory; written to a temporary sibling and renamed into place")
+    adapters: list[str] | None = Field(None, description="default: all adapters")
+
+
+class CheckpointResponse(Strict):
+    path: str
+    adapters: list[str]
+
+
+class Health(Strict):
+    status: Literal["ok"]
+    version: str
+    device: str
+
+
+class EndpointStats(Strict):
+    calls: int
+    seconds: float
+
+
+class Stats(Strict):
+    device: str
+    rss_bytes: int
+    cuda_allocated_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = None
+    tokens_sampled: int
+    tokens_trained: int
+    endpoints: dict[str, EndpointStats]
+
+
+class ErrorBody(Strict):
+    error: str = Field(description="machine-readable kind: bad_request, not_found, internal, unauthorized")
+    message: str = Field(description="what was wrong, naming the field")

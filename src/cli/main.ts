@@ -1,0 +1,41 @@
+// The `marft` command: a thin dispatcher; each subcommand lives in its own module.
+const USAGE = `usage: marft <command> [options]
+
+commands:
+  train <config> [--resume DIR] [--set k=v ...]   train a team
+  eval <config|run dir> --data FILE [--n N]       evaluate a team
+  demo                                            the main job: train a real two-agent team
+  bench                                           speed and memory figures
+  engine serve [--host H] [--port P]              run the compute engine
+  grade math                                      JSONL {pred, gold} on stdin -> verdicts
+  sandbox run --lang python --timeout S FILE      run one program in the sandbox
+`;
+
+export async function main(argv: string[]): Promise<void> {
+  const [cmd, ...rest] = argv;
+  switch (cmd) {
+    case "train":
+      return (await import("./train.ts")).trainCommand(rest);
+    case "eval":
+      return (await import("./eval.ts")).evalCommand(rest);
+    case "demo":
+      return (await import("./demo.ts")).demoCommand(rest);
+    case "bench":
+      return (await import("./bench.ts")).benchCommand(rest);
+    case "engine":
+      return (await import("./engine.ts")).engineCommand(rest);
+    case "grade":
+      return (await import("./grade.ts")).gradeCommand(rest);
+    case "sandbox":
+      return (await import("./sandbox.ts")).sandboxCommand(rest);
+    case undefined:
+    case "-h":
+    case "--help":
+    case "help":
+      process.stdout.write(USAGE);
+      return;
+    default:
+      process.stderr.write(`marft: unknown command "${cmd}"\n\n${USAGE}`);
+      process.exitCode = 2;
+  }
+}

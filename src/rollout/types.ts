@@ -1,0 +1,39 @@
+// What the rollout records: one Turn per action, in the order the actions were taken.
+// Training uses these token ids as they were sampled; text is never re-tokenized.
+import type { AgentId } from "../flexmg/types.ts";
+
+export interface Turn {
+  /** Position of the action in its episode's action order (ties broken in topological order). */
+  order: number;
+  /** env.step() when the action was taken (attempt / round index). */
+  step: number;
+  agent: AgentId;
+  /** Agents whose actions were in this agent's observation (its parents in D_t). */
+  parents: AgentId[];
+  adapter: string;
+  adapterVersion: number;
+  /** Sampling temperature: training recomputes log-probs at the same temperature. */
+  temperature: number;
+  promptIds: number[];
+  responseIds: number[];
+  /** Per response token, under the tempered policy that sampled it. */
+  logprobs: number[];
+  text: string;
+  finishReason: "stop" | "eos" | "length";
+  /** Reward credited to this action (rewards accumulate until the agent's next action). */
+  reward: number;
+}
+
+export interface Episode {
+  /** Index of the episode within its rollout batch. */
+  index: number;
+  taskId: string;
+  /** Episodes that share a group sampled the same task (for group-relative baselines). */
+  group: number;
+  seed: number;
+  turns: Turn[];
+  terminated: boolean;
+  truncated: boolean;
+  info: Record<string, unknown>;
+  transcript: Array<{ role: string; content: string }>;
+}
