@@ -68,3 +68,17 @@ export interface Env<Task = unknown> {
   /** Task-specific facts about the episode so far, e.g. { correct: true, answer: "42" }. */
   info(): Record<string, unknown>;
 }
+
+/**
+ * A task family as the trainer sees it: problems to train and evaluate on, and an Env factory for a
+ * team. Every env sets `info().correct` (boolean: the team solved the task) and `info().score`
+ * (number in [0, 1]) once the episode is over; evaluation reads them.
+ */
+export interface TaskSuite<Task = unknown> {
+  name: string;
+  train: Task[];
+  /** Held-out problems, never trained on. */
+  eval: Task[];
+  taskId(task: Task): string;
+  makeEnv(agents: AgentSpec[], graph: GraphSpec): Env<Task>;
+}
