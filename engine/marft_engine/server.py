@@ -1,0 +1,283 @@
+"""The engine's HTTP server: FastAPI routes over one `Engine`, bearer auth, JSON errors, process life.
+
+Run: python -m marft_engine.server --host 127.0.0.1 --port 0 [--device auto|cpu|cuda]
+     [--parent-pid PID] [--max-batch 64]
+When listening it prints one JSON line to stdout: {"event": "ready", "url": "http://127.0.0.1:PORT"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import __version__
+from .errors import EngineError
+from .schemas import (
+    AdapterCreate,
+    AdapterInfo,
+    AdapterList,
+    BaseCreate,
+    BaseInfo,
+    BaseList,
+    CheckpointRequest,
+    CheckpointResponse,
+    ErrorBody,
+    ForwardBackwardRequest,
+    ForwardBackwardResponse,
+    ForwardRequest,
+    ForwardResponse,
+    Health,
+    OptimStepRequest,
+    OptimStepResponse,
+    SampleBatch,
+    SampleResponse,
+    Stats,
+)
+
+log = logging.getLogger("marft_engine")
+
+MAX_BODY_BYTES = 256 * 1024 * 1024
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in [
+        (400, "Bad request (names the field)"),
+        (401, "Missing or wrong bearer token"),
+        (404, "Unknown base or adapter"),
+        (409, "Name already taken"),
+        (413, "Request body too large"),
+        (422, "Validation error (names the field)"),
+        (500, "Internal error; the engine keeps serving"),
+    ]
+}
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content=ErrorBody(error=kind, message=message).model_dump())
+
+
+def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    """("body", "requests", 0, "sampling", "top_p") -> "requests[0].sampling.top_p"."""
+    out = ""
+    for part in loc:
+        if part == "body" and out == "":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "body"
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        path = _field_path(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx") or {}
+            msg = f"malformed JSON: {ctx.get('error', msg)}"
+            path = "body"
+        parts.append(f"{path}: {msg[:1].lower() + msg[1:]}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(engine: Any | None, token: str) -> FastAPI:
+    """The app over `engine` (None: routes exist for the OpenAPI document but answer 503)."""
+    app = FastAPI(title="MARFT engine", version=__version__, responses=ERROR_RESPONSES)
+    endpoint_stats: dict[str, list[float]] = {}
+
+    @app.middleware("http")
+    async def auth_and_limits(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+        header = request.headers.get("authorization", "")
+        if not secrets.compare_digest(header.encode(), f"Bearer {token}".encode()):
+            return _error(401, "unauthorized", "Authorization: Bearer <MARFT_ENGINE_TOKEN> required")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return _error(413, "too_large", f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}")
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        key = f"{request.method} {getattr(route, 'path', request.url.path)}"
+        entry = endpoint_stats.setdefault(key, [0, 0.0])
+        entry[0] += 1
+        entry[1] += time.perf_counter() - t0
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "bad_request", _validation_message(exc))
+
+    @app.exception_handler(EngineError)
+    async def on_engine_error(_request: Request, exc: EngineError) -> JSONResponse:
+        return _error(exc.status, exc.kind, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "bad_request"}.get(exc.status_code, "bad_request")
+        return _error(exc.status_code, kind, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def on_internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+
+    def need() -> Any:
+        if engine is None:
+            raise EngineError(503, "unavailable", "no engine behind this app")
+        return engine
+
+    async def run(fn: Callable[..., Any], *args: Any) -> Any:
+        # Compute runs in a worker thread so the event loop keeps accepting requests (the sampler
+        # batches concurrent calls); the engine serialises torch work itself.
+        return await asyncio.to_thread(fn, *args)
+
+    @app.post("/v1/bases", response_model=BaseInfo)
+    async def create_base(body: BaseCreate) -> BaseInfo:
+        return await run(need().create_base, body)
+
+    @app.get("/v1/bases", response_model=BaseList)
+    async def list_bases() -> BaseList:
+        return need().list_bases()
+
+    @app.post("/v1/adapters", response_model=AdapterInfo)
+    async def create_adapter(body: AdapterCreate) -> AdapterInfo:
+        return await run(need().create_adapter, body)
+
+    @app.get("/v1/adapters", response_model=AdapterList)
+    async def list_adapters() -> AdapterList:
+        return need().list_adapters()
+
+    @app.delete("/v1/adapters/{name}", response_model=AdapterInfo)
+    async def delete_adapter(name: str) -> AdapterInfo:
+        return await run(need().delete_adapter, name)
+
+    @app.post("/v1/sample", response_model=SampleResponse)
+    async def sample(body: SampleBatch) -> SampleResponse:
+        return await run(need().sample, body)
+
+    @app.post("/v1/forward", response_model=ForwardResponse)
+    async def forward(body: ForwardRequest) -> ForwardResponse:
+        return await run(need().forward, body)
+
+    @app.post("/v1/forward_backward", response_model=ForwardBackwardResponse)
+    async def forward_backward(body: ForwardBackwardRequest) -> ForwardBackwardResponse:
+        return await run(need().forward_backward, body)
+
+    @app.post("/v1/optim_step", response_model=OptimStepResponse)
+    async def optim_step(body: OptimStepRequest) -> OptimStepResponse:
+        return await run(need().optim_step, body)
+
+    @app.post("/v1/checkpoint/save", response_model=CheckpointResponse)
+    async def checkpoint_save(body: CheckpointRequest) -> CheckpointResponse:
+        return await run(need().save_checkpoint, body)
+
+    @app.post("/v1/checkpoint/load", response_model=CheckpointResponse)
+    async def checkpoint_load(body: CheckpointRequest) -> CheckpointResponse:
+        return await run(need().load_checkpoint, body)
+
+    @app.get("/v1/health", response_model=Health)
+    async def health() -> Health:
+        return Health(status="ok", version=__version__, device=need().device_name)
+
+    @app.get("/v1/stats", response_model=Stats)
+    async def stats() -> Stats:
+        return need().stats({k: (int(v[0]), float(v[1])) for k, v in endpoint_stats.items()})
+
+    return app
+
+
+# ----------------------------------------------------------------------------------------------------
+# process
+
+
+def _watch_parent(parent_pid: int, stop: Callable[[], None]) -> None:
+    """Exit when the parent is gone, so a killed CLI never leaves an orphan engine."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            log.info("parent %d is gone; exiting", parent_pid)
+            stop()
+            return
+        except PermissionError:
+            pass  # exists, owned by someone else
+        if os.getppid() == 1 and parent_pid != 1:
+            log.info("reparented to init; parent %d is gone; exiting", parent_pid)
+            stop()
+            return
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="marft_engine.server", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = an OS-chosen free port")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--max-batch", type=int, default=64, help="most rows in one decode batch")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s"
+    )
+    token = os.environ.get("MARFT_ENGINE_TOKEN")
+    if not token:
+        token = secrets.token_urlsafe(24)
+        print(f"MARFT_ENGINE_TOKEN not set; generated token: {token}", file=sys.stderr, flush=True)
+
+    import uvicorn
+
+    from .engine import Engine
+
+    engine = Engine(device=args.device, max_batch=args.max_batch)
+    app = create_app(engine, token)
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    if args.parent_pid is not None:
+        threading.Thread(target=_watch_parent, args=(args.parent_pid, stop), daemon=True).start()
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                await task
+                return
+            await asyncio.sleep(0.02)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(json.dumps({"event": "ready", "url": f"http://{host}:{port}"}), flush=True)
+        await task
+
+    # uvicorn installs SIGINT/SIGTERM handlers that set should_exit: a clean shutdown either way.
+    asyncio.run(serve())
+    engine.close()
+    log.info("engine stopped")
+
+
+if __name__ == "__main__":
+    main()
