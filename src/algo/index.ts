@@ -1,0 +1,16 @@
+// Credit assignment and statistics: pure functions, no I/O (DESIGN §4).
+export { type GaeResult, actionGae, maskedGae, referenceAgentChainGae, tokenGae } from "./gae.ts";
+export { groupRelative } from "./baselines.ts";
+export { type RewardRouting, routeRewards } from "./rewards.ts";
+export { DEFAULT_ZERO_EPS, normalizePerAgent, ZeroAdvantageDetector } from "./normalize.ts";
+export {
+  accuracyCi95,
+  explainedVariance,
+  mean,
+  normalCdf,
+  pairedTest,
+  passAtK,
+  std,
+  twoProportionZTest,
+  wilsonInterval,
+} from "./stats.ts";
