@@ -1,0 +1,169 @@
+// Shared pieces of the synthetic tasks: tiny cooperative problems a random-init byte-level model can
+// learn in about a minute on CPU (DESIGN §9). Answers are judged on their FIRST character only.
+//
+// Rewards (the same for every synthetic task):
+// - `takeRewards()` gives the TEAM reward (1 solved, 0 not) to every agent when the episode ends;
+//   routing it (to every agent, to the last one only, per role) is the trainer's business (src/algo).
+// - `info().teamReward` repeats it; `info().roleRewards` (role -> number) carries the optional
+//   per-role rewards a task documents, for per-role routing. They are never mixed into takeRewards().
+// - `info().correct` and `info().score` follow the TaskSuite contract.
+//
+// Matching modes:
+// - "exact": the answer's first character must be the expected letter.
+// - "class": characters are grouped by char code modulo k (k = the number of letters); the answer is
+//   right when its first character is in the expected letter's class. The letter itself always is, and
+//   a random policy over any byte vocabulary is right about 1/k of the time, so the reward signal
+//   exists from the first iteration. This is the default: it is what makes the tasks learnable from
+//   random init; use "exact" for models that can already spell.
+import { seededRng } from "../../flexmg/rng.ts";
+import { TeamEpisode } from "../../flexmg/team.ts";
+import type { AgentId, AgentSpec, ChatMessage, Env, GraphSpec, Rewards } from "../../flexmg/types.ts";
+
+export type MatchMode = "exact" | "class";
+
+export interface SyntheticOptions {
+  /** The letters answers are drawn from (default "abcd"); their char codes must differ modulo their count. */
+  letters?: string;
+  match?: MatchMode;
+  /** Number of training / held-out tasks generated (defaults 64 / 32). */
+  trainSize?: number;
+  evalSize?: number;
+  /** Seed of the task generator (default 0). Train and eval tasks never share an id. */
+  seed?: number;
+}
+
+export function resolveLetters(letters = "abcd"): string {
+  const chars = [...letters];
+  if (chars.length < 2) throw new Error(`letters: expected at least 2 letters, got "${letters}"`);
+  const classes = new Set(chars.map((c) => c.charCodeAt(0) % chars.length));
+  if (classes.size !== chars.length || new Set(chars).size !== chars.length) {
+    throw new Error(
+      `letters: "${letters}" must be distinct characters whose char codes differ modulo ${chars.length} (consecutive letters do)`,
+    );
+  }
+  return letters;
+}
+
+/** Whether `answer` states `expected` under the matching mode (first character only). */
+export function matches(answer: string, expected: string, letters: string, mode: MatchMode): boolean {
+  const first = answer.trimStart()[0];
+  if (first === undefined) return false;
+  if (mode === "exact") return first === expected;
+  return first.charCodeAt(0) % letters.length === expected.charCodeAt(0) % letters.length;
+}
+
+/** Index of the class of `answer`'s first character among `n` classes (char code mod n), or -1 if empty. */
+export function classOf(answer: string, n: number): number {
+  const first = answer.trimStart()[0];
+  return first === undefined ? -1 : first.charCodeAt(0) % n;
+}
+
+/** Deterministic task lists: `make(rng, i)` builds task i; train and eval use disjoint generator streams. */
+export function generateTasks<T>(
+  opts: SyntheticOptions,
+  make: (rng: () => number, id: string) => T,
+): { train: T[]; eval: T[] } {
+  const seed = opts.seed ?? 0;
+  const trainRng = seededRng(seed * 2 + 1);
+  const evalRng = seededRng(seed * 2 + 2);
+  const train = Array.from({ length: opts.trainSize ?? 64 }, (_, i) => make(trainRng, `train-${i}`));
+  const evalTasks = Array.from({ length: opts.evalSize ?? 32 }, (_, i) => make(evalRng, `eval-${i}`));
+  return { train, eval: evalTasks };
+}
+
+export function pick<T>(rng: () => number, xs: readonly T[]): T {
+  return xs[Math.floor(rng() * xs.length)]!;
+}
+
+/**
+ * The Env plumbing the synthetic tasks share: the TeamEpisode, rewards, the over flags. A task
+ * implements `start` (texts per agent, scheduling) and `afterAct` (judging, scheduling, finishing).
+ */
+export abstract class SyntheticEnv<Task> implements Env<Task> {
+  readonly agents: readonly AgentId[];
+  protected team: TeamEpisode;
+  protected task: Task | undefined;
+  protected pendingRewards: Rewards = {};
+  protected facts: Record<string, unknown> = {};
+  private done = false;
+
+  constructor(
+    protected readonly specs: AgentSpec[],
+    graph: GraphSpec,
+    minAgents: number,
+    name: string,
+  ) {
+    if (specs.length < minAgents) {
+      throw new Error(`${name}: expected at least ${minAgents} agents, got ${specs.length}`);
+    }
+    this.team = new TeamEpisode(specs, graph);
+    this.agents = this.team.agents;
+  }
+
+  protected abstract start(task: Task): void;
+  protected abstract afterAct(agent: AgentId, text: string): void;
+
+  async reset(task: Task, _seed: number): Promise<void> {
+    // The synthetic tasks are deterministic given the task: the seed has nothing to randomise.
+    this.task = task;
+    this.pendingRewards = {};
+    this.facts = {};
+    this.done = false;
+    this.start(task);
+  }
+
+  ready(): AgentId[] {
+    return this.team.ready();
+  }
+
+  observe(agent: AgentId): ChatMessage[] {
+    return this.team.observe(agent);
+  }
+
+  parents(agent: AgentId): AgentId[] {
+    return this.team.parents(agent);
+  }
+
+  step(): number {
+    return this.team.step;
+  }
+
+  async act(agent: AgentId, text: string): Promise<void> {
+    this.team.record(agent, text);
+    this.afterAct(agent, text);
+  }
+
+  takeRewards(): Rewards {
+    const r = this.pendingRewards;
+    this.pendingRewards = {};
+    return r;
+  }
+
+  get terminated(): boolean {
+    return this.done;
+  }
+
+  get truncated(): boolean {
+    return false;
+  }
+
+  state(): ChatMessage[] {
+    return this.team.transcript();
+  }
+
+  info(): Record<string, unknown> {
+    return { ...this.facts };
+  }
+
+  /** Ends the episode with a team reward to every agent, plus optional per-role rewards in info(). */
+  protected end(
+    teamReward: number,
+    facts: Record<string, unknown>,
+    roleRewards: Record<string, number> = {},
+  ) {
+    for (const a of this.agents) this.pendingRewards[a] = (this.pendingRewards[a] ?? 0) + teamReward;
+    this.facts = { ...facts, correct: teamReward >= 1, score: teamReward, teamReward, roleRewards };
+    this.done = true;
+    this.team.finish();
+  }
+}

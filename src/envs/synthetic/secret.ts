@@ -1,0 +1,88 @@
+// `secret`: the speaker (first agent in profile order) sees a secret letter; the listener (last agent)
+// sees only what the agents before it said and must state the secret. Agents in between (if any)
+// relay. Needs communication, so use a graph in which the listener sees the speaker (sequential, or
+// edges speaker -> listener).
+//
+// Team reward: 1 when the listener's first character states the secret (see common.ts for "class"
+// matching), else 0. With `attempts` > 1 a wrong answer appends "attempt N: wrong" to the shared
+// history and the team tries again; the episode terminates when right or after the last attempt.
+// Per-role rewards (info().roleRewards): none.
+import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
+import {
+  generateTasks,
+  type MatchMode,
+  matches,
+  pick,
+  resolveLetters,
+  SyntheticEnv,
+  type SyntheticOptions,
+} from "./common.ts";
+
+export interface SecretTask {
+  id: string;
+  secret: string;
+}
+
+export interface SecretOptions extends SyntheticOptions {
+  /** Attempts per episode (default 1). */
+  attempts?: number;
+}
+
+export function secretTasks(opts: SecretOptions = {}): { train: SecretTask[]; eval: SecretTask[] } {
+  const letters = [...resolveLetters(opts.letters)];
+  return generateTasks(opts, (rng, id) => ({ id, secret: pick(rng, letters) }));
+}
+
+export class SecretEnv extends SyntheticEnv<SecretTask> {
+  private readonly letters: string;
+  private readonly match: MatchMode;
+  private readonly attempts: number;
+
+  constructor(agents: AgentSpec[], graph: GraphSpec, opts: SecretOptions = {}) {
+    super(agents, graph, 2, "secret");
+    this.letters = resolveLetters(opts.letters);
+    this.match = opts.match ?? "class";
+    this.attempts = opts.attempts ?? 1;
+    if (!Number.isInteger(this.attempts) || this.attempts < 1) {
+      throw new Error(`secret.attempts: expected a positive integer, got ${opts.attempts}`);
+    }
+  }
+
+  private get speaker(): AgentId {
+    return this.specs[0]!.id;
+  }
+
+  private get listener(): AgentId {
+    return this.specs[this.specs.length - 1]!.id;
+  }
+
+  protected start(task: SecretTask): void {
+    const texts: Record<AgentId, string> = {};
+    for (const a of this.agents) texts[a] = a === this.speaker ? `secret: ${task.secret}` : "secret?";
+    this.team.reset(texts);
+  }
+
+  protected afterAct(): void {
+    if (!this.team.stepComplete()) return;
+    const answer = this.team.actionOf(this.listener) ?? "";
+    const right = matches(answer, this.task!.secret, this.letters, this.match);
+    const attempt = this.team.step + 1;
+    if (right || attempt >= this.attempts) {
+      this.end(right ? 1 : 0, { secret: this.task!.secret, answer, attempts: attempt });
+      return;
+    }
+    this.team.addHistory(`attempt ${attempt}: wrong`);
+    this.team.nextStep();
+  }
+}
+
+export function secretSuite(opts: SecretOptions = {}): TaskSuite<SecretTask> {
+  const { train, eval: evalTasks } = secretTasks(opts);
+  return {
+    name: "secret",
+    train,
+    eval: evalTasks,
+    taskId: (t) => t.id,
+    makeEnv: (agents, graph) => new SecretEnv(agents, graph, opts),
+  };
+}

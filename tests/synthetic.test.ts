@@ -1,0 +1,163 @@
+import { describe, expect, it } from "vitest";
+import { checkEnv } from "../src/flexmg/check.ts";
+import type { AgentSpec, Env, GraphSpec } from "../src/flexmg/types.ts";
+import {
+  matches,
+  OrchestratedEnv,
+  orchestratedSuite,
+  SecretEnv,
+  secretSuite,
+  VoteEnv,
+  voteSuite,
+} from "../src/envs/synthetic/index.ts";
+
+const agent = (id: string, role = id): AgentSpec => ({ id, role, systemPrompt: `${role}.` });
+const duo = [agent("A", "speaker"), agent("B", "listener")];
+const voteTeam = [agent("s1"), agent("s2"), agent("agg", "aggregator")];
+const orchTeam = [agent("o", "orchestrator"), agent("w1", "alice"), agent("w2", "bob")];
+const voteEdges: GraphSpec = {
+  kind: "edges",
+  edges: [
+    ["s1", "agg"],
+    ["s2", "agg"],
+  ],
+};
+
+/**
+ * Every shipped synthetic env runs through checkEnv. (Math and code envs have their own conformance
+ * tests in their test files.)
+ */
+const CONFORMANCE: Array<{ name: string; makeEnv: () => Env<unknown>; tasks: unknown[] }> = [
+  {
+    name: "secret",
+    makeEnv: () => secretSuite().makeEnv(duo, { kind: "sequential" }) as Env<unknown>,
+    tasks: secretSuite().train.slice(0, 4),
+  },
+  {
+    name: "secret, 3 attempts, exact",
+    makeEnv: () =>
+      new SecretEnv(duo, { kind: "sequential" }, { attempts: 3, match: "exact" }) as Env<unknown>,
+    tasks: secretSuite().train.slice(0, 4),
+  },
+  {
+    name: "parallel-vote",
+    makeEnv: () => new VoteEnv(voteTeam, voteEdges) as Env<unknown>,
+    tasks: voteSuite().train.slice(0, 4),
+  },
+  {
+    name: "parallel-vote, parallel graph",
+    makeEnv: () => new VoteEnv(voteTeam, { kind: "parallel" }) as Env<unknown>,
+    tasks: voteSuite().train.slice(0, 2),
+  },
+  {
+    name: "orchestrated",
+    makeEnv: () => new OrchestratedEnv(orchTeam, { kind: "dynamic" }) as Env<unknown>,
+    tasks: orchestratedSuite().train.slice(0, 4),
+  },
+  {
+    name: "orchestrated, exact",
+    makeEnv: () => new OrchestratedEnv(orchTeam, { kind: "dynamic" }, { match: "exact" }) as Env<unknown>,
+    tasks: orchestratedSuite().train.slice(0, 4),
+  },
+];
+
+describe("synthetic envs conform to the Env contract", () => {
+  for (const c of CONFORMANCE) {
+    it(c.name, async () => {
+      expect(await checkEnv(c.makeEnv, c.tasks, { seeds: [0, 3] })).toEqual([]);
+    });
+  }
+});
+
+describe("synthetic tasks", () => {
+  it("task lists are deterministic per seed, differ across seeds, and train/eval ids are disjoint", () => {
+    expect(secretSuite({ seed: 1 }).train).toEqual(secretSuite({ seed: 1 }).train);
+    expect(secretSuite({ seed: 1 }).train).not.toEqual(secretSuite({ seed: 2 }).train);
+    const s = secretSuite({ trainSize: 10, evalSize: 5 });
+    expect(s.train).toHaveLength(10);
+    expect(s.eval).toHaveLength(5);
+    const ids = new Set(s.train.map(s.taskId));
+    expect(s.eval.some((t) => ids.has(s.taskId(t)))).toBe(false);
+    // All four secrets occur: a balanced enough task list.
+    expect(new Set(secretSuite().train.map((t) => t.secret)).size).toBe(4);
+  });
+
+  it("matching: exact wants the letter; class accepts the letter's residue class", () => {
+    expect(matches("c!", "c", "abcd", "exact")).toBe(true);
+    expect(matches("g", "c", "abcd", "exact")).toBe(false);
+    expect(matches("g", "c", "abcd", "class")).toBe(true); // 103 % 4 === 99 % 4
+    expect(matches("d", "c", "abcd", "class")).toBe(false);
+    expect(matches("", "c", "abcd", "class")).toBe(false);
+    expect(() => secretSuite({ letters: "ae" })).toThrow("differ modulo 2");
+  });
+
+  it("secret: only the speaker sees the secret; the listener sees the speaker; team reward to all", async () => {
+    const env = new SecretEnv(duo, { kind: "sequential" }, { match: "exact" });
+    await env.reset({ id: "t", secret: "b" }, 0);
+    expect(env.observe("A")[1]!.content).toBe("secret: b");
+    await env.act("A", "hello");
+    expect(env.observe("B")[1]!.content).toBe("secret?\n\nspeaker: hello");
+    await env.act("B", "b");
+    expect(env.terminated).toBe(true);
+    expect(env.takeRewards()).toEqual({ A: 1, B: 1 });
+    expect(env.info()).toMatchObject({ correct: true, score: 1, teamReward: 1, secret: "b" });
+  });
+
+  it("secret with attempts: wrong answers add history and retry, then terminate", async () => {
+    const env = new SecretEnv(duo, { kind: "sequential" }, { match: "exact", attempts: 2 });
+    await env.reset({ id: "t", secret: "a" }, 0);
+    await env.act("A", "x");
+    await env.act("B", "z");
+    expect(env.terminated).toBe(false);
+    expect(env.step()).toBe(1);
+    expect(env.observe("A")[1]!.content).toBe("secret: a\n\nattempt 1: wrong");
+    await env.act("A", "x");
+    await env.act("B", "z");
+    expect(env.terminated).toBe(true);
+    expect(env.takeRewards()).toEqual({ A: 0, B: 0 });
+  });
+
+  it("parallel-vote: solvers concurrently, the aggregator must combine both bits", async () => {
+    const env = new VoteEnv(voteTeam, voteEdges, { match: "exact" });
+    await env.reset({ id: "t", bits: [1, 0] }, 0);
+    expect(env.ready()).toEqual(["s1", "s2"]);
+    await Promise.all([env.act("s2", "0"), env.act("s1", "0")]);
+    expect(env.observe("agg")[1]!.content).toBe("letter?\n\ns1: 0\ns2: 0");
+    await env.act("agg", "c"); // bits 10 -> index 2 -> "c"
+    expect(env.info()).toMatchObject({ correct: true, expected: "c", roleRewards: { s1: 0, s2: 1 } });
+  });
+
+  it("orchestrated: the orchestrator's output routes to a worker that sees it", async () => {
+    const env = new OrchestratedEnv(orchTeam, { kind: "dynamic" }, { match: "exact" });
+    await env.reset({ id: "t", expert: 1, secret: "d" }, 0);
+    expect(env.ready()).toEqual(["o"]);
+    expect(env.observe("o")[1]!.content).toBe("expert: 2");
+    await env.act("o", "ask bob");
+    expect(env.ready()).toEqual(["w2"]);
+    expect(env.observe("w2")[1]!.content).toBe("secret: d\n\norchestrator: ask bob");
+    await env.act("w2", "d");
+    expect(env.info()).toMatchObject({ correct: true, chosen: "w2", roleRewards: { orchestrator: 1 } });
+    // An output naming nobody ends the episode with 0 in exact mode.
+    await env.reset({ id: "t", expert: 0, secret: "a" }, 0);
+    await env.act("o", "?");
+    expect(env.terminated).toBe(true);
+    expect(env.takeRewards()).toEqual({ o: 0, w1: 0, w2: 0 });
+  });
+
+  it("a random policy sometimes earns the reward in class mode (learnable from random init)", async () => {
+    const suite = secretSuite({ trainSize: 200 });
+    let wins = 0;
+    let x = 12345;
+    for (const task of suite.train) {
+      const env = suite.makeEnv(duo, { kind: "sequential" });
+      await env.reset(task, 0);
+      x = (x * 1103515245 + 12345) % 2147483648;
+      await env.act("A", String.fromCharCode(32 + (x % 200)));
+      x = (x * 1103515245 + 12345) % 2147483648;
+      await env.act("B", String.fromCharCode(32 + (x % 200)));
+      wins += env.takeRewards()["B"]!;
+    }
+    expect(wins).toBeGreaterThan(20);
+    expect(wins).toBeLessThan(90);
+  });
+});
