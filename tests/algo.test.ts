@@ -405,6 +405,10 @@ describe("normalizePerAgent", () => {
     const out = normalizePerAgent([0, 0, 0, 1, 3], ["a", "a", "a", "b", "b"]);
     expect(out.zeroAgents).toEqual(["a"]);
     expect(out.advantages).toEqual([0, 0, 0, -1, 1]);
+    // near zero (rounding noise) and constant-but-nonzero are degenerate too: never divided by ~0
+    const near = normalizePerAgent([1e-9, -1e-9, 0.5, 0.5, 2, 4], ["a", "a", "b", "b", "c", "c"]);
+    expect(near.zeroAgents).toEqual(["a", "b"]);
+    expect(near.advantages).toEqual([0, 0, 0, 0, -1, 1]);
     const wide = fc.double({ min: -1e300, max: 1e300, noNaN: true, noDefaultInfinity: true });
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.constantFrom("a", "b"), wide), { maxLength: 30 }), (xs) => {

@@ -49,7 +49,10 @@ export function wilsonInterval(successes: number, n: number, z = 1.9599639845400
   const denom = 1 + z2 / n;
   const center = (p + z2 / (2 * n)) / denom;
   const half = (z * Math.sqrt((p * (1 - p)) / n + z2 / (4 * n * n))) / denom;
-  return [Math.max(0, center - half), Math.min(1, center + half)];
+  // At 0/n and n/n the bound is exactly 0 (resp. 1) analytically; avoid a rounding residue there.
+  const lo = successes === 0 ? 0 : Math.max(0, center - half);
+  const hi = successes === n ? 1 : Math.min(1, center + half);
+  return [lo, hi];
 }
 
 /** Accuracy over evaluation results with a 95% Wilson interval. */
