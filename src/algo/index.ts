@@ -14,3 +14,13 @@ export {
   twoProportionZTest,
   wilsonInterval,
 } from "./stats.ts";
+export {
+  DEFAULT_PPO,
+  huber,
+  klEstimate,
+  type PpoDatum,
+  type PpoOptions,
+  ppoLoss,
+  type ValueDatum,
+  valueLoss,
+} from "./ppo.ts";
