@@ -118,6 +118,9 @@ class SamplingParams(Strict):
     max_new_tokens: int = Field(64, ge=1)
     stop: list[str] = Field(default_factory=list, description="stop strings; the text is cut before one")
     n: int = Field(1, ge=1, le=256, description="samples per prompt")
+    ignore_eos: bool = Field(
+        False, description="keep sampling past eos until max_new_tokens or a stop string (benchmarks)"
+    )
 
 
 class SampleRequest(Strict):

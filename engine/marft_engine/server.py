@@ -168,7 +168,10 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
 
     @app.post("/v1/sample", response_model=SampleResponse)
     async def sample(body: SampleBatch) -> SampleResponse:
-        return await run(need().sample, body)
+        # Admission may wait for the compute lock, so it runs off the event loop; then the call just
+        # waits for its rows to finish in the shared decode batch.
+        future = await run(need().submit_sample, body)
+        return await asyncio.wrap_future(future)
 
     @app.post("/v1/forward", response_model=ForwardResponse)
     async def forward(body: ForwardRequest) -> ForwardResponse:

