@@ -1,0 +1,484 @@
+// Turning a LaTeX answer into comparable pieces, all synchronous and linear-time on bounded input:
+//   normalizeAnswer: string clean-up (units, \text, \left/\right, \dfrac, degrees, $, %, thousands, "x =")
+//   parseAnswer:     structure (tuples, intervals, sets, unions, \pm, equations, matrices)
+//   fastNumber:      plain numbers and fractions, compared without any symbolic work
+//   latexToExpr:     a LaTeX expression in mathjs syntax, for the symbolic check in the worker
+
+/** Longest answer (after normalization) that gets more than an exact string comparison. */
+export const MAX_SYMBOLIC_LENGTH = 1000;
+/** Deepest brace/bracket nesting that latexToExpr follows. */
+const MAX_DEPTH = 40;
+
+const UNIT_WORDS = [
+  "square",
+  "sq",
+  "cubic",
+  "units?",
+  "cm",
+  "mm",
+  "km",
+  "m",
+  "meters?",
+  "metres?",
+  "centimeters?",
+  "kilometers?",
+  "inch(?:es)?",
+  "in",
+  "feet",
+  "foot",
+  "ft",
+  "yards?",
+  "miles?",
+  "mph",
+  "degrees?",
+  "radians?",
+  "cents?",
+  "dollars?",
+  "hours?",
+  "hrs?",
+  "minutes?",
+  "mins?",
+  "seconds?",
+  "secs?",
+  "days?",
+  "weeks?",
+  "months?",
+  "years?",
+  "kg",
+  "g",
+  "grams?",
+  "pounds?",
+  "lbs?",
+  "ounces?",
+  "oz",
+  "liters?",
+  "litres?",
+  "ml",
+  "gallons?",
+  "people",
+  "students?",
+  "ways",
+  "points?",
+  "percent",
+];
+// at most two unit words ("square feet"), each after a space: no nested repetition, so no backtracking blow-up
+const UNIT = `(?:${UNIT_WORDS.join("|")})(?:\\^\\{?[23]\\}?)?`;
+const UNIT_TAIL = new RegExp(`^(.*[\\d}])\\s+${UNIT}(?:\\s+${UNIT})?$`, "i");
+// \text{...}/\mbox{...} after something that ends in a digit, brace or \pi is a unit: "15\mbox{ cm}^2"
+const TEXT_UNIT_TAIL = /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm)\{[^{}]*\}(?:\^\{?[23]\}?)?$/;
+const TEXT_COMMANDS =
+  /\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|textnormal|mathit)\{([^{}]*)\}/g;
+
+/** String-level clean-up; two answers with equal normal forms are equal. */
+export function normalizeAnswer(raw: string): string {
+  let s = raw.trim();
+  s = s
+    .replace(/\u2212/g, "-")
+    .replace(/\u00d7/g, "\\times ")
+    .replace(/\u00b7/g, "\\cdot ")
+    .replace(/\u03c0/g, "\\pi ")
+    .replace(/\u221e/g, "\\infty ")
+    .replace(/\u221a/g, "\\sqrt")
+    .replace(/\u00b0/g, "");
+  // math delimiters and spacing commands
+  s = s.replace(/^\\\[|\\\]$/g, "").replace(/^\\\(|\\\)$/g, "");
+  s = s.replace(/\\\$/g, "").replace(/\$/g, "");
+  // spacing commands, but not the row break "\\" (matrices)
+  s = s.replace(/\\\\|\\[,;:! ]/g, (m) => (m === "\\\\" ? m : " ")).replace(/~/g, " ");
+  s = s.replace(/\\(?:displaystyle|textstyle)\b/g, "");
+  s = s.replace(/\\[dtc]frac(?![a-zA-Z])/g, "\\frac");
+  s = s.replace(/\\(?:left|right)(?![a-zA-Z])\.?/g, "");
+  s = s.replace(/\\[bB]igg?[lr]?(?![a-zA-Z])/g, "");
+  // degrees and percent: the number is the answer
+  s = s.replace(/\^\s*\{?\s*\\circ\s*\}?/g, "").replace(/\\circ(?![a-zA-Z])/g, "");
+  s = s.replace(/\\degree(?![a-zA-Z])/g, "");
+  s = s.replace(/\\%|%/g, "");
+  s = s.replace(/\{,\}/g, ",");
+  s = s.replace(/\\(?:le|leq)(?![a-zA-Z])/g, "\\le ").replace(/\\(?:ge|geq)(?![a-zA-Z])/g, "\\ge ");
+  s = s.replace(/\\(?:infty|infinity)(?![a-zA-Z])/g, "\\infty ").replace(/\+\s*\\infty/g, "\\infty");
+  s = s.trim().replace(/[.\s]+$/, "");
+  // units: "15 cm^2", "5.4 \text{ cents}", "\frac{270}7\text{ degrees}"
+  for (let k = 0; k < 2; k++) {
+    const t = TEXT_UNIT_TAIL.exec(s) ?? UNIT_TAIL.exec(s);
+    if (t?.[1] && /\d|\\pi/.test(t[1])) s = t[1].trim();
+  }
+  s = s.replace(TEXT_COMMANDS, "$1").replace(TEXT_COMMANDS, "$1");
+  // "x = 5", "k=2", "x \in [-2, 7]": the value is the answer (only when the left side is one symbol)
+  const lhs = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$/.exec(s);
+  if (lhs && !lhs[1]!.includes("=")) s = lhs[1]!;
+  // whitespace: gone, except where it ends a command name ("\cot x")
+  s = s
+    .replace(/(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])/g, "$1\uE000")
+    .replace(/\s+/g, "")
+    .replace(/\uE000/g, " ");
+  // thousands separators, only when the whole answer is one such number: "58,500", "11,111,111,100"
+  if (/^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$/.test(s)) s = s.replace(/,/g, "");
+  // multiple choice: "(B)" and "B" are the same choice
+  const choice = /^\(([A-Ea-e])\)$/.exec(s);
+  if (choice) s = choice[1]!.toUpperCase();
+  // a number written in a base: 2516_8 -> 2516 (the question fixes the base)
+  const base = /^(\d+)_\{?\d+\}?$/.exec(s);
+  if (base) s = base[1]!;
+  // leading zeros and trailing decimal zeros of plain numbers
+  if (/^[+-]?\d*\.\d+$|^[+-]?\d+$/.test(s)) s = canonicalDecimal(s);
+  return s;
+}
+
+function canonicalDecimal(s: string): string {
+  let sign = "";
+  let body = s;
+  if (body[0] === "+" || body[0] === "-") {
+    sign = body[0] === "-" ? "-" : "";
+    body = body.slice(1);
+  }
+  let [int = "", frac = ""] = body.split(".");
+  int = int.replace(/^0+(?=\d)/, "");
+  if (int === "") int = "0";
+  frac = frac.replace(/0+$/, "");
+  const out = frac ? `${int}.${frac}` : int;
+  return out === "0" ? "0" : sign + out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Structure
+
+export type AnswerNode =
+  | { t: "atom"; s: string }
+  /** lhs = rhs, with both sides kept (compared up to a constant factor) */
+  | { t: "eq"; lhs: string; rhs: string }
+  /** ordered: a tuple, an interval, a vector or a matrix row; open/close are the brackets */
+  | { t: "seq"; open: string; close: string; items: AnswerNode[] }
+  /** unordered: a bare list "1, -2", a set \{...\}, the two values of \pm, the pieces of a union */
+  | { t: "set"; union: boolean; items: AnswerNode[] };
+
+const OPEN = "([{";
+const CLOSE = ")]}";
+
+/** Splits at a separator found at bracket depth 0 (a literal string, e.g. "," or "\\cup"). */
+export function splitTopLevel(s: string, sep: string): string[] {
+  const parts: string[] = [];
+  let depth = 0;
+  let start = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i]!;
+    if (c === "\\" && (s[i + 1] === "{" || s[i + 1] === "}")) {
+      depth += s[i + 1] === "{" ? 1 : -1;
+      i++;
+      continue;
+    }
+    if (OPEN.includes(c)) depth++;
+    else if (CLOSE.includes(c)) depth--;
+    else if (depth === 0 && s.startsWith(sep, i)) {
+      // "\cup" must not match the start of a longer command
+      if (sep[0] === "\\" && /[a-zA-Z]/.test(s[i + sep.length] ?? "")) continue;
+      parts.push(s.slice(start, i));
+      start = i + sep.length;
+      i += sep.length - 1;
+    }
+  }
+  parts.push(s.slice(start));
+  return parts;
+}
+
+/** True when s[0] opens a bracket that closes exactly at the last character. */
+function wrapsWhole(s: string): boolean {
+  if (!OPEN.includes(s[0] ?? "") || !CLOSE.includes(s[s.length - 1] ?? "")) return false;
+  let depth = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i]!;
+    if (OPEN.includes(c)) depth++;
+    else if (CLOSE.includes(c)) {
+      depth--;
+      if (depth === 0 && i < s.length - 1) return false;
+    }
+  }
+  return depth === 0;
+}
+
+/** Parses a normalized answer into its structure (depth-limited; deeper input stays an atom). */
+export function parseAnswer(s: string, depth = 0): AnswerNode {
+  if (depth > 8 || s.length > MAX_SYMBOLIC_LENGTH) return { t: "atom", s };
+  const union = splitTopLevel(s, "\\cup");
+  if (union.length > 1) return { t: "set", union: true, items: union.map((p) => parseAnswer(p, depth + 1)) };
+  const matrix = /^\\begin\{([pbvB]?matrix|array)\}(?:\{[^}]*\})?(.*)\\end\{\1\}$/s.exec(s);
+  if (matrix) {
+    const rows = matrix[2]!.split("\\\\").filter((r) => r.trim() !== "");
+    const cells = rows.map((r) => r.split("&"));
+    const items = cells.every((c) => c.length === 1)
+      ? cells.map((c) => parseAnswer(c[0]!, depth + 1)) // a column vector reads as a tuple
+      : cells.map(
+          (c) =>
+            ({
+              t: "seq",
+              open: "[",
+              close: "]",
+              items: c.map((x) => parseAnswer(x, depth + 1)),
+            }) as AnswerNode,
+        );
+    return { t: "seq", open: "(", close: ")", items };
+  }
+  if (s.startsWith("\\{") && s.endsWith("\\}")) {
+    const inner = s.slice(2, -2);
+    return { t: "set", union: false, items: splitTopLevel(inner, ",").map((p) => parseAnswer(p, depth + 1)) };
+  }
+  if (wrapsWhole(s) && s[0] !== "{") {
+    const items = splitTopLevel(s.slice(1, -1), ",");
+    if (items.length > 1) {
+      return {
+        t: "seq",
+        open: s[0]!,
+        close: s[s.length - 1]!,
+        items: items.map((p) => parseAnswer(p, depth + 1)),
+      };
+    }
+  }
+  const list = splitTopLevel(s, ",");
+  if (list.length > 1) return { t: "set", union: false, items: list.map((p) => parseAnswer(p, depth + 1)) };
+  const pm = /\\(?:pm|mp)(?![a-zA-Z])/.exec(s);
+  if (pm && splitTopLevel(s, pm[0]).length === 2) {
+    const [a, b] = splitTopLevel(s, pm[0]) as [string, string];
+    const items = [`${a}+${b}`, `${a}-${b}`].map((p) => parseAnswer(p, depth + 1));
+    return { t: "set", union: false, items };
+  }
+  const eq = splitTopLevel(s, "=");
+  if (eq.length === 2) return { t: "eq", lhs: eq[0]!, rhs: eq[1]! };
+  return { t: "atom", s };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers without symbolic work
+
+export type FastValue = { kind: "int"; v: bigint } | { kind: "real"; v: number };
+
+/** Plain integers, decimals, a/b, \frac{a}{b}, \frac ab, mixed numbers "1\frac{4}{5}"; else null. */
+export function fastNumber(s: string): FastValue | null {
+  if (s.length > 200) return null;
+  if (/^[+-]?\d+$/.test(s)) return { kind: "int", v: BigInt(s) };
+  if (/^[+-]?(?:\d+\.\d*|\.\d+)$/.test(s)) return real(Number(s));
+  const frac = /^([+-]?)(?:\\frac\{(\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}|\\frac(\d)(\d)|(\d+)\/(\d+))$/.exec(
+    s,
+  );
+  if (frac) {
+    const num = Number(frac[2] ?? frac[4] ?? frac[6]);
+    const den = Number(frac[3] ?? frac[5] ?? frac[7]);
+    return real((frac[1] === "-" ? -1 : 1) * (num / den));
+  }
+  const mixed = /^([+-]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$/.exec(s);
+  if (mixed) {
+    const v = Number(mixed[2]) + Number(mixed[3]) / Number(mixed[4]);
+    return real(mixed[1] === "-" ? -v : v);
+  }
+  return null;
+}
+
+function real(v: number): FastValue | null {
+  return Number.isFinite(v) ? { kind: "real", v } : null;
+}
+
+/** Relative tolerance for numbers: answers are exact, so this only absorbs rounding of decimals. */
+export const REL_TOL = 1e-6;
+
+export function fastEqual(a: FastValue, b: FastValue): boolean {
+  if (a.kind === "int" && b.kind === "int") return a.v === b.v;
+  const x = Number(a.v);
+  const y = Number(b.v);
+  const d = Math.abs(x - y);
+  return d <= REL_TOL * Math.max(Math.abs(x), Math.abs(y)) || d <= 1e-12;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LaTeX -> mathjs expression
+
+const FUNCTIONS: Record<string, string> = {
+  sin: "sin",
+  cos: "cos",
+  tan: "tan",
+  cot: "cot",
+  sec: "sec",
+  csc: "csc",
+  arcsin: "asin",
+  arccos: "acos",
+  arctan: "atan",
+  sinh: "sinh",
+  cosh: "cosh",
+  tanh: "tanh",
+  ln: "log",
+  log: "log",
+  exp: "exp",
+};
+const SYMBOLS: Record<string, string> = {
+  pi: " pi ",
+  infty: " Infinity ",
+  cdot: " * ",
+  times: " * ",
+  div: " / ",
+  ast: " * ",
+};
+const GREEK =
+  /^(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega)$/;
+
+class NotConvertible extends Error {}
+
+/** An explicit "*" when a group follows an operand: mathjs would read "n (2n+1)" as calling n. */
+function times(out: string): string {
+  return /[\w)]\s*$/.test(out) ? " * " : " ";
+}
+
+/**
+ * A LaTeX expression in mathjs syntax, or null when it uses something outside the supported subset.
+ * Letters become one-letter symbols (so "2ab" is 2·a·b); i is the imaginary unit and e is Euler's number.
+ */
+export function latexToExpr(s: string): string | null {
+  if (s.length > MAX_SYMBOLIC_LENGTH) return null;
+  try {
+    const out = new Converter(s).expr(0, s.length, 0);
+    return out.replace(/\s+/g, " ").trim();
+  } catch (e) {
+    if (e instanceof NotConvertible) return null;
+    throw e;
+  }
+}
+
+class Converter {
+  constructor(private readonly s: string) {}
+
+  /** Converts s[from, to). */
+  expr(from: number, to: number, depth: number): string {
+    if (depth > MAX_DEPTH) throw new NotConvertible("too deep");
+    const s = this.s;
+    let out = "";
+    let i = from;
+    while (i < to) {
+      const c = s[i]!;
+      if (c === " ") {
+        i++;
+      } else if (/[0-9.]/.test(c)) {
+        const m = /^\d*\.?\d+|^\d+\.?/.exec(s.slice(i, Math.min(to, i + 400)));
+        if (!m) throw new NotConvertible("number");
+        out += ` ${m[0]} `;
+        i += m[0].length;
+      } else if (/[a-zA-Z]/.test(c)) {
+        // one letter, with an optional subscript: x, x_1, x_{12}
+        const sub = /^_(?:\{(\w+)\}|(\w))/.exec(s.slice(i + 1, Math.min(to, i + 40)));
+        out += sub ? ` ${c}_${sub[1] ?? sub[2]} ` : ` ${c} `;
+        i += 1 + (sub ? sub[0].length : 0);
+      } else if (c === "{" || c === "(" || c === "[") {
+        const close = this.close(i, to);
+        out += `${times(out)}(${this.expr(i + 1, close, depth + 1)})`;
+        i = close + 1;
+      } else if (c === "|") {
+        const close = s.indexOf("|", i + 1);
+        if (close < 0 || close >= to) throw new NotConvertible("|");
+        out += `${times(out)}abs(${this.expr(i + 1, close, depth + 1)}) `;
+        i = close + 1;
+      } else if ("+-*/!".includes(c)) {
+        out += ` ${c} `;
+        i++;
+      } else if (c === "^") {
+        const [arg, next] = this.arg(i + 1, to, depth);
+        out += `^(${arg})`;
+        i = next;
+      } else if (c === "\\") {
+        const m = /^\\([a-zA-Z]+)/.exec(s.slice(i, Math.min(to, i + 40)));
+        if (!m) throw new NotConvertible(s.slice(i, i + 2));
+        const name = m[1]!;
+        i += m[0].length;
+        if (name === "frac") {
+          const [a, j] = this.arg(i, to, depth);
+          const [b, k] = this.arg(j, to, depth);
+          out += `${times(out)}((${a})/(${b})) `;
+          i = k;
+        } else if (name === "sqrt") {
+          let n: string | null = null;
+          while (s[i] === " ") i++;
+          if (s[i] === "[") {
+            const close = this.close(i, to);
+            n = this.expr(i + 1, close, depth + 1);
+            i = close + 1;
+          }
+          const [a, j] = this.arg(i, to, depth);
+          out += times(out) + (n === null ? `sqrt(${a}) ` : `nthRoot(${a}, ${n}) `);
+          i = j;
+        } else if (name in FUNCTIONS) {
+          // \sin^2 x = (sin x)^2; \log_2 8 = log(8, 2); the argument is the next atom or (group)
+          let power = "";
+          let base = "";
+          if (s[i] === "^") {
+            const [p, j] = this.arg(i + 1, to, depth);
+            power = p;
+            i = j;
+          }
+          if (s[i] === "_") {
+            const [b, j] = this.arg(i + 1, to, depth);
+            base = b;
+            i = j;
+          }
+          const [a, j] = this.funcArg(i, to, depth);
+          i = j;
+          const call = base ? `${FUNCTIONS[name]}(${a}, ${base})` : `${FUNCTIONS[name]}(${a})`;
+          out += times(out) + (power ? `(${call})^(${power}) ` : `${call} `);
+        } else if (name in SYMBOLS) {
+          out += SYMBOLS[name];
+        } else if (GREEK.test(name)) {
+          out += ` greek_${name} `;
+        } else {
+          throw new NotConvertible(`\\${name}`);
+        }
+      } else {
+        throw new NotConvertible(c);
+      }
+    }
+    return out;
+  }
+
+  /** Index of the bracket closing the one at `open` (any of ([{ with any of )]}), before `to`. */
+  private close(open: number, to: number): number {
+    let depth = 0;
+    for (let i = open; i < to; i++) {
+      const c = this.s[i]!;
+      if (OPEN.includes(c)) depth++;
+      else if (CLOSE.includes(c)) {
+        depth--;
+        if (depth === 0) return i;
+      }
+    }
+    throw new NotConvertible("unbalanced");
+  }
+
+  /** A TeX macro argument: a {group}, or one token (a digit, a letter, a command). */
+  private arg(i: number, to: number, depth: number): [string, number] {
+    while (this.s[i] === " ") i++;
+    if (i >= to) throw new NotConvertible("missing argument");
+    const c = this.s[i]!;
+    if (c === "{") {
+      const close = this.close(i, to);
+      return [this.expr(i + 1, close, depth + 1), close + 1];
+    }
+    if (c === "\\") {
+      const m = /^\\[a-zA-Z]+/.exec(this.s.slice(i, i + 40));
+      if (!m) throw new NotConvertible("argument");
+      return [this.expr(i, i + m[0].length, depth + 1), i + m[0].length];
+    }
+    return [this.expr(i, i + 1, depth + 1), i + 1];
+  }
+
+  /** A function's argument: a (group), a {group}, or everything up to the next top-level + - =. */
+  private funcArg(i: number, to: number, depth: number): [string, number] {
+    while (this.s[i] === " ") i++;
+    const c = this.s[i];
+    if (c === "(" || c === "{") {
+      const close = this.close(i, to);
+      return [this.expr(i + 1, close, depth + 1), close + 1];
+    }
+    let j = i;
+    let d = 0;
+    for (; j < to; j++) {
+      const ch = this.s[j]!;
+      if (OPEN.includes(ch)) d++;
+      else if (CLOSE.includes(ch)) d--;
+      else if (d === 0 && "+-=".includes(ch) && j > i) break;
+    }
+    if (j === i) throw new NotConvertible("missing function argument");
+    return [this.expr(i, j, depth + 1), j];
+  }
+}
