@@ -80,8 +80,9 @@ class Running:
     pos: torch.Tensor  # [B] position id of the next token fed
 
 
-def _row_seed(seed: int, req: int, k: int) -> int:
-    return int(np.random.SeedSequence([seed, req, k]).generate_state(1, dtype=np.uint64)[0] >> 1)
+def _row_seed(entropy: list[int]) -> int:
+    """A well-mixed 63-bit seed per row from (seed, [request index,] sample index)."""
+    return int(np.random.SeedSequence([abs(x) for x in entropy]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 class Sampler:
@@ -170,7 +171,7 @@ class Sampler:
                 gen = None
                 if sp.temperature > 0:
                     gen = torch.Generator(device="cpu")
-                    gen.manual_seed(_row_seed(seed, i, k))
+                    gen.manual_seed(_row_seed([req.seed, k] if req.seed is not None else [seed, i, k]))
                 rows_by_base.setdefault(base.name, []).append(
                     Row(
                         job=job,

@@ -129,6 +129,11 @@ class SampleRequest(Strict):
     messages: list[ChatMessage] | None = Field(None, description="templated by the engine's chat template")
     prompt_ids: list[int] | None = Field(None, description="raw prompt token ids (instead of messages)")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    seed: int | None = Field(
+        None,
+        description="seeds this request's samples by (seed, sample index) alone, so they do not depend on "
+        "the batch they share; default: derived from the batch seed and the request's position",
+    )
 
 
 class SampleBatch(Strict):

@@ -661,6 +661,11 @@ export interface components {
              */
             prompt_ids?: number[] | null;
             sampling?: components["schemas"]["SamplingParams"];
+            /**
+             * Seed
+             * @description seeds this request's samples by (seed, sample index) alone, so they do not depend on the batch they share; default: derived from the batch seed and the request's position
+             */
+            seed?: number | null;
         };
         /** SampleResponse */
         SampleResponse: {
