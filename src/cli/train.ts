@@ -1,0 +1,181 @@
+// `marft train <config> [--resume DIR] [--set k=v ...] [--engine-url URL --engine-token-env VAR]`
+import { existsSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { connectEngine, startLocalEngine } from "../client/launcher.ts";
+import { ConfigError, loadRunConfig, type RunConfig } from "../train/config.ts";
+import { makeSuite, resolveTaskPaths } from "../train/tasks.ts";
+import { type EngineHandle, type MetricsRow, type Summary, train } from "../train/trainer.ts";
+import { formatNumber, Progress, table } from "./progress.ts";
+
+const USAGE = `usage: marft train <config.yaml> [options]
+       marft train --resume runs/<name> [options]
+
+options:
+  --resume DIR             continue the run in DIR from its last complete checkpoint
+  --set path=value         override a config field (repeatable), e.g. --set train.iterations=5
+  --run-dir DIR            where the run goes (default: runs/<name>)
+  --engine-url URL         use a running engine (e.g. on a GPU server) instead of starting one
+  --engine-token-env VAR   environment variable with that engine's token (default MARFT_ENGINE_TOKEN)
+  --quiet                  no progress bars
+`;
+
+export interface EngineChoice {
+  url?: string;
+  tokenEnv?: string;
+}
+
+/** Connect to the configured remote engine, or start a local one logging into the run directory. */
+export function engineConnector(
+  c: RunConfig,
+  logFile: string,
+  override: EngineChoice = {},
+): () => Promise<EngineHandle> {
+  const url = override.url ?? c.engine.url;
+  const tokenEnv = override.tokenEnv ?? c.engine.tokenEnv;
+  if (url) {
+    return async () => {
+      const token = process.env[tokenEnv];
+      if (!token) throw new Error(`engine: ${url} needs a token; set the environment variable ${tokenEnv}`);
+      return connectEngine({ url, token });
+    };
+  }
+  const env: Record<string, string> = { TOKENIZERS_PARALLELISM: "false" };
+  if (c.engine.threads) {
+    env["OMP_NUM_THREADS"] = String(c.engine.threads);
+    env["MKL_NUM_THREADS"] = String(c.engine.threads);
+  }
+  return () => startLocalEngine({ device: c.engine.device, logFile, env });
+}
+
+/** Print a config error (exit 2) or rethrow anything else. */
+export function reportError(cmd: string, e: unknown): void {
+  if (e instanceof ConfigError) {
+    process.stderr.write(`${e.message}\n`);
+    process.exitCode = 2;
+    return;
+  }
+  process.stderr.write(`marft ${cmd}: ${(e as Error).message ?? String(e)}\n`);
+  process.exitCode = 1;
+}
+
+export function summaryTable(s: Summary, rows: MetricsRow[]): string {
+  const out: Array<Array<string | number>> = [];
+  const pick = (k: string) => rows.map((r) => r[k]).filter((v): v is number => typeof v === "number");
+  const rewards = pick("reward/mean");
+  out.push(["iterations", s.iterations]);
+  if (rewards.length) {
+    out.push(["reward (first iteration)", rewards[0]!]);
+    out.push(["reward (last iteration)", rewards.at(-1)!]);
+  }
+  if (s.eval.before) out.push(["eval accuracy before", s.eval.before.accuracy]);
+  if (s.eval.after) {
+    out.push(["eval accuracy after", s.eval.after.accuracy]);
+    out.push([
+      "  95% CI",
+      `[${formatNumber(s.eval.after.ci95[0])}, ${formatNumber(s.eval.after.ci95[1])}] n=${s.eval.after.n}`,
+    ]);
+  }
+  out.push(["tokens sampled", s.tokensSampled]);
+  out.push(["wall time (s)", Math.round(s.wallSeconds * 10) / 10]);
+  if (s.engineRestarts) out.push(["engine restarts", s.engineRestarts]);
+  if (s.checkpoint) out.push(["checkpoint", s.checkpoint]);
+  return table(out, ["summary", "value"]);
+}
+
+export async function trainCommand(args: string[]): Promise<void> {
+  let parsed: ReturnType<typeof parse>;
+  const parse = (a: string[]) =>
+    parseArgs({
+      args: a,
+      allowPositionals: true,
+      options: {
+        resume: { type: "string" },
+        set: { type: "string", multiple: true },
+        "run-dir": { type: "string" },
+        "engine-url": { type: "string" },
+        "engine-token-env": { type: "string" },
+        quiet: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  try {
+    parsed = parse(args);
+  } catch (e) {
+    process.stderr.write(`marft train: ${(e as Error).message}\n\n${USAGE}`);
+    process.exitCode = 2;
+    return;
+  }
+  const { values, positionals } = parsed;
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return;
+  }
+  if (positionals.length > 1 || (positionals.length === 0 && !values.resume)) {
+    process.stderr.write(`marft train: expected one config file (or --resume DIR)\n\n${USAGE}`);
+    process.exitCode = 2;
+    return;
+  }
+  try {
+    let configFile = positionals[0];
+    if (!configFile && values.resume) configFile = join(values.resume, "config.yaml");
+    if (values.resume && !existsSync(values.resume))
+      throw new Error(`--resume: ${values.resume} does not exist`);
+    const config = resolveTaskPaths(
+      loadRunConfig(configFile!, values.set ?? []),
+      dirname(resolve(configFile!)),
+    );
+    const runDir = resolve(values.resume ?? values["run-dir"] ?? join("runs", config.name));
+    const quiet = values.quiet || !process.stderr.isTTY;
+    const suite = await makeSuite(config.task, dirname(resolve(configFile!)));
+
+    const abort = new AbortController();
+    const onSigint = () => {
+      if (abort.signal.aborted) {
+        process.stderr.write("\nsecond Ctrl-C: quitting without a checkpoint\n");
+        process.exit(130);
+      }
+      process.stderr.write(
+        "\nCtrl-C: finishing this iteration, then saving a checkpoint (Ctrl-C again to quit now)\n",
+      );
+      abort.abort();
+    };
+    process.on("SIGINT", onSigint);
+    process.on("SIGTERM", onSigint);
+
+    const bar = new Progress("train", config.train.iterations, { silent: values.quiet });
+    let lastReward = "";
+    const summary = await train({
+      config,
+      configDir: dirname(resolve(configFile!)),
+      runDir,
+      resume: Boolean(values.resume),
+      suite,
+      connect: engineConnector(config, join(runDir, "engine.log"), {
+        url: values["engine-url"],
+        tokenEnv: values["engine-token-env"],
+      }),
+      signal: abort.signal,
+      log: (line) => process.stderr.write(`${quiet ? "" : "\n"}${line}\n`),
+      onProgress: (e) => {
+        if (e.kind === "iteration") {
+          lastReward = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}`;
+          bar.update(e.iteration, lastReward);
+        } else if (e.kind === "phase") {
+          const count = e.total ? ` ${e.done}/${e.total}` : "";
+          bar.update(e.iteration, `${e.phase}${count}  ${lastReward}`);
+        }
+      },
+    });
+    bar.finish();
+    process.off("SIGINT", onSigint);
+    process.off("SIGTERM", onSigint);
+    const { RunDir } = await import("../train/rundir.ts");
+    process.stdout.write(`\n${summaryTable(summary, new RunDir(runDir).readMetrics() as MetricsRow[])}`);
+    process.stdout.write(`run directory: ${runDir}\n`);
+    if (summary.stoppedEarly)
+      process.stdout.write(`stopped early; continue with: marft train --resume ${runDir}\n`);
+  } catch (e) {
+    reportError("train", e);
+  }
+}

@@ -1,0 +1,53 @@
+// task.kind -> the TaskSuite of the engineer who owns that task family. A plain switch: five kinds do
+// not need a registry.
+import { isAbsolute, resolve } from "node:path";
+import type { TaskSuite } from "../flexmg/types.ts";
+import { orchestratedSuite, secretSuite, voteSuite } from "../envs/synthetic/index.ts";
+import type { TaskConfig } from "./config.ts";
+
+/** Paths in a config are relative to the config file's directory. */
+export function resolveFrom(baseDir: string, p: string): string {
+  return isAbsolute(p) ? p : resolve(baseDir, p);
+}
+
+export async function makeSuite(task: TaskConfig, baseDir: string): Promise<TaskSuite<unknown>> {
+  switch (task.kind) {
+    case "secret":
+      return secretSuite({
+        ...task.options,
+        trainSize: task.trainSize,
+        evalSize: task.evalSize,
+      }) as TaskSuite<unknown>;
+    case "parallel-vote":
+      return voteSuite({
+        ...task.options,
+        trainSize: task.trainSize,
+        evalSize: task.evalSize,
+      }) as TaskSuite<unknown>;
+    case "orchestrated":
+      return orchestratedSuite({
+        ...task.options,
+        trainSize: task.trainSize,
+        evalSize: task.evalSize,
+      }) as TaskSuite<unknown>;
+    case "math":
+    case "code":
+      throw new Error(
+        `task.kind: "${task.kind}" tasks are not available in this build yet (baseDir ${baseDir})`,
+      );
+  }
+}
+
+/** Make the task's file paths absolute, so the resolved config in the run directory stands alone. */
+export function resolveTaskPaths<C extends { task: TaskConfig }>(config: C, baseDir: string): C {
+  const t = config.task;
+  if (t.kind !== "math" && t.kind !== "code") return config;
+  return {
+    ...config,
+    task: {
+      ...t,
+      trainFile: resolveFrom(baseDir, t.trainFile),
+      ...(t.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, t.evalFile) } : {}),
+    },
+  };
+}
