@@ -32,3 +32,104 @@ describe("gradeAnswer: table of real MATH answer forms", () => {
     expect(wrong).toEqual([]);
   });
 });
+
+describe("gradeAnswer: adversarial input", () => {
+  const LIMIT_MS = 1000;
+  const nest = (n: number, open: string, close: string, core = "1") =>
+    open.repeat(n) + core + close.repeat(n);
+  const cases: Array<[string, string, string]> = [
+    ["deeply nested braces", nest(1500, "{", "}"), "1"],
+    ["very deeply nested braces", nest(100_000, "{", "}"), "1"],
+    ["nested \\frac", nest(400, "\\frac{1}{", "}"), "1"],
+    ["nested parentheses", nest(1500, "(", ")"), "2"],
+    ["nested \\sqrt", nest(300, "\\sqrt{", "}", "2"), "\\sqrt{2}"],
+    ["tower of powers", "10^{10^{10}}", "10^{10^{11}}"],
+    ["power tower without braces", "9^9^9^9^9^9^9^9", "9^9^9^9^9^9^9^8"],
+    ["huge factorial", "100000000!", "99999999!"],
+    ["huge string", "1".repeat(2_000_000), "1".repeat(1_999_999) + "2"],
+    ["huge integer", "9".repeat(3000), "9".repeat(2999) + "8"],
+    ["long list", Array.from({ length: 2000 }, (_, k) => String(k)).join(","), "1,2"],
+    ["many variables", Array.from({ length: 300 }, () => "x^{x^{x}}").join("+"), "x"],
+    ["unbalanced braces", "\\frac{{{{1}{2", "\\frac{1}{2}"],
+    ["backslash soup", "\\".repeat(3000), "\\frac{1}{2}"],
+    ["unit regex bait", `5 ${"m ".repeat(3000)}x`, "5"],
+    ["boxed bait", "\\boxed{".repeat(1000), "5"],
+  ];
+
+  it("warms the worker pool", async () => {
+    expect((await gradeAnswer("x^2-1", "(x-1)(x+1)")).equal).toBe(true);
+  });
+
+  for (const [name, pred, gold] of cases) {
+    it(`${name}: returns within the time limit with equal=false`, async () => {
+      const t0 = performance.now();
+      const r = await gradeAnswer(pred, gold, { timeoutMs: LIMIT_MS });
+      const ms = performance.now() - t0;
+      expect(r.equal).toBe(false);
+      expect(ms).toBeLessThan(LIMIT_MS + 500);
+    });
+  }
+
+  it("a worker that never answers is terminated at the time limit and replaced", async () => {
+    const pool = new SymbolicPool(1, new URL("./fixtures/math/hang-worker.mjs", import.meta.url));
+    try {
+      const t0 = performance.now();
+      const r = await gradeAnswer("x^2", "x \\cdot x", { timeoutMs: 200, pool });
+      expect(r).toMatchObject({ equal: false, reason: "timeout after 200 ms" });
+      expect(performance.now() - t0).toBeLessThan(5000);
+      // the next job gets a fresh worker (which hangs too, and is stopped again)
+      const r2 = await gradeAnswer("y^2", "y \\cdot y", { timeoutMs: 200, pool });
+      expect(r2.reason).toBe("timeout after 200 ms");
+    } finally {
+      await pool.close();
+    }
+  });
+
+  it("many checks at once share the pool and all finish", async () => {
+    const jobs = Array.from({ length: 60 }, (_, k) => gradeAnswer(`(x+${k})^2`, `x^2+${2 * k}x+${k * k}`));
+    const rs = await Promise.all(jobs);
+    expect(rs.every((r) => r.equal)).toBe(true);
+  });
+});
+
+describe("gradeAnswer: properties", () => {
+  const answers = readFileSync(new URL("../../shared/datasets/math/test500.jsonl", import.meta.url), "utf8")
+    .split("\n")
+    .filter((l) => l.trim() !== "")
+    .map((l) => (JSON.parse(l) as { answer: string }).answer);
+
+  it("every MATH-500 answer equals itself", async () => {
+    const rs = await Promise.all(answers.map((a) => gradeAnswer(a, a)));
+    expect(answers.filter((_, k) => !rs[k]!.equal)).toEqual([]);
+  });
+
+  /** Spaces around punctuation, \left/\right on parentheses, \dfrac or \tfrac for \frac, $...$. */
+  const variant = fc.record({
+    spaces: fc.array(fc.boolean(), { minLength: 64, maxLength: 64 }),
+    leftRight: fc.boolean(),
+    frac: fc.constantFrom("\\frac", "\\dfrac", "\\tfrac"),
+    dollars: fc.boolean(),
+  });
+  function reformat(
+    a: string,
+    v: { spaces: boolean[]; leftRight: boolean; frac: string; dollars: boolean },
+  ): string {
+    let k = 0;
+    let s = a.replace(/(?<!\\)([,+=(){}[\]])/g, (m) => (v.spaces[k++ % 64] ? ` ${m} ` : m));
+    if (v.leftRight)
+      s = s.replace(/(?<!\\left|\\right)\(/g, "\\left(").replace(/(?<!\\right)\)/g, "\\right)");
+    s = s.replace(/\\frac(?![a-z])/g, v.frac);
+    return v.dollars ? `$${s}$` : s;
+  }
+
+  it("formatting variations keep equality", async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.constantFrom(...answers), variant, async (a, v) => {
+        const b = reformat(a, v);
+        const r = await gradeAnswer(b, a);
+        if (!r.equal) throw new Error(`${JSON.stringify(b)} vs ${JSON.stringify(a)}: ${r.reason}`);
+      }),
+      { numRuns: 300, seed: 4 },
+    );
+  });
+});

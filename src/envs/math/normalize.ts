@@ -62,10 +62,11 @@ const UNIT_WORDS = [
   "percent",
 ];
 // at most two unit words ("square feet"), each after a space: no nested repetition, so no backtracking blow-up
-const UNIT = `(?:${UNIT_WORDS.join("|")})(?:\\^\\{?[23]\\}?)?`;
+const UNIT = `(?:${UNIT_WORDS.join("|")})(?:\\s*\\^\\s*\\{?[23]\\}?)?`;
 const UNIT_TAIL = new RegExp(`^(.*[\\d}])\\s+${UNIT}(?:\\s+${UNIT})?$`, "i");
 // \text{...}/\mbox{...} after something that ends in a digit, brace or \pi is a unit: "15\mbox{ cm}^2"
-const TEXT_UNIT_TAIL = /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm)\{[^{}]*\}(?:\^\{?[23]\}?)?$/;
+const TEXT_UNIT_TAIL =
+  /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm)\{[^{}]*\}(?:\s*\^\s*\{?[23]\}?)?$/;
 const TEXT_COMMANDS =
   /\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|textnormal|mathit)\{([^{}]*)\}/g;
 
@@ -86,6 +87,7 @@ export function normalizeAnswer(raw: string): string {
   // spacing commands, but not the row break "\\" (matrices)
   s = s.replace(/\\\\|\\[,;:! ]/g, (m) => (m === "\\\\" ? m : " ")).replace(/~/g, " ");
   s = s.replace(/\\(?:displaystyle|textstyle)\b/g, "");
+  s = s.replace(/(\\[a-zA-Z]+)\s+(?=[{[])/g, "$1"); // "\text {x}" is "\text{x}"
   s = s.replace(/\\[dtc]frac(?![a-zA-Z])/g, "\\frac");
   s = s.replace(/\\(?:left|right)(?![a-zA-Z])\.?/g, "");
   s = s.replace(/\\[bB]igg?[lr]?(?![a-zA-Z])/g, "");

@@ -38,7 +38,14 @@ export class SymbolicPool {
   private nextId = 0;
   private closed = false;
 
-  constructor(readonly size = Math.max(1, Math.min(4, availableParallelism() - 1))) {}
+  /**
+   * @param size most workers at once (default: the cores but one, at most 4)
+   * @param workerUrl the worker script (tests pass one that never answers, to test the time limit)
+   */
+  constructor(
+    readonly size = Math.max(1, Math.min(4, availableParallelism() - 1)),
+    private readonly workerUrl: URL = WORKER_URL,
+  ) {}
 
   /** Runs the pairs in a worker; resolves (never rejects) with the verdicts or why there are none. */
   run(pairs: SymbolicPair[], timeoutMs: number): Promise<SymbolicResult> {
@@ -70,7 +77,7 @@ export class SymbolicPool {
   }
 
   private spawn(): void {
-    const worker = new Worker(WORKER_URL, {
+    const worker = new Worker(this.workerUrl, {
       // an answer that allocates without bound hits this instead of the process's memory
       resourceLimits: { maxOldGenerationSizeMb: 256, stackSizeMb: 4 },
     });
