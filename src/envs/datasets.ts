@@ -70,8 +70,8 @@ function parseJsonArray(text: string, file: string): JsonRecord[] {
     throw new DatasetError(file, line, `invalid JSON: ${msg}`);
   }
   if (!Array.isArray(values)) throw new DatasetError(file, 1, "expected a JSON array of records");
-  const starts = topLevelElementOffsets(text);
-  return values.map((value, i) => ({ line: lineOf(text, starts[i] ?? 0), value }));
+  const lines = linesOf(text, topLevelElementOffsets(text));
+  return values.map((value, i) => ({ line: lines[i] ?? 1, value }));
 }
 
 /** Offsets where each element of the top-level array starts (the text is known to be valid JSON). */
@@ -116,6 +116,18 @@ function firstBadElementOffset(text: string): number {
     }
   }
   return 0;
+}
+
+/** Line numbers of ascending offsets, in one pass over the text. */
+function linesOf(text: string, offsets: number[]): number[] {
+  const out: number[] = [];
+  let line = 1;
+  let pos = 0;
+  for (const off of offsets) {
+    for (; pos < off && pos < text.length; pos++) if (text.charCodeAt(pos) === 10) line++;
+    out.push(line);
+  }
+  return out;
 }
 
 function lineOf(text: string, offset: number): number {

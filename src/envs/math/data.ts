@@ -27,10 +27,14 @@ export function datasetName(file: string): string {
   return `${basename(dirname(file))}/${basename(file)}`;
 }
 
-/** Loads every problem of a JSON/JSONL file; throws `<file>:<line>: missing field "..."` on a bad row. */
+/**
+ * Loads the problems of a JSON/JSONL file; throws `<file>:<line>: missing field "..."` on a bad row.
+ * Rows whose answer is empty (4 of the 7,500 in math/train.json) can never be graded correct, so they
+ * are skipped; ids keep the row index, so skipping never renames a problem.
+ */
 export function loadMathProblems(file: string): MathProblem[] {
   const name = datasetName(file);
-  return readJsonRecords(file).map((rec, row) => {
+  const all = readJsonRecords(file).map((rec, row) => {
     const { value, line } = rec;
     if (typeof value !== "object" || value === null || Array.isArray(value)) {
       throw new DatasetError(file, line, "expected a JSON object");
@@ -46,8 +50,9 @@ export function loadMathProblems(file: string): MathProblem[] {
     if (answer === undefined) {
       throw new DatasetError(file, line, `missing field "answer" (or "final_answer")`);
     }
-    return { id: `${name}#${row}`, problem: parsed.data.problem, answer: String(answer) };
+    return { id: `${name}#${row}`, problem: parsed.data.problem, answer: String(answer).trim() };
   });
+  return all.filter((p) => p.answer !== "");
 }
 
 export interface MathSplitOptions {
