@@ -1,0 +1,476 @@
+// The rollout: many episodes in flight at once (DESIGN §3 "Asynchrony", §8).
+//
+// As soon as an agent is ready in any episode, its observation is taken and queued; everything queued
+// in the same event-loop tick goes out as ONE `sample` call (adapters mixed), and up to
+// `maxInFlightCalls` calls are outstanding at once, because the engine joins concurrent calls into
+// one decode batch. When a completion comes back the env's `act` runs at once (answer checking, code
+// execution), concurrently with the sampling of everyone else; when it finishes, newly ready agents
+// join the next call. Nothing waits for a whole "round".
+//
+// Every action is recorded as a Turn with the exact prompt ids, response ids, log-probs and adapter
+// version the engine returned. Rewards read from `takeRewards()` after each act are added to each
+// agent's latest turn (rewards accumulate until the agent's next action); rewards an agent receives
+// before its first action have no turn to go to and are dropped (counted in stats).
+//
+// Seeds: every sample request carries its own seed, derived from (rollout seed, episode, turn), and
+// the engine makes a request's tokens depend on that seed alone, not on the batch it shares. With
+// `deterministic: true` the rollout also fixes the grouping and order of calls and acts (lock step:
+// all ready agents of all live episodes in one call, then their acts one by one in episode order),
+// so that log-probs are bitwise reproducible on CPU too, at the cost of overlap.
+import type { EngineClient, Input, Schemas } from "../client/client.ts";
+import type { AgentId, ChatMessage, Env } from "../flexmg/types.ts";
+import type { Episode, Turn } from "./types.ts";
+
+/** What the rollout needs to know to sample for an agent. */
+export interface AgentProfile {
+  /** Policy adapter name, or "__base__" for the bare base (then give `base`). */
+  adapter: string;
+  base?: string;
+  /** Engine sampling parameters (temperature 0 = greedy). `n` is ignored: one completion per turn. */
+  sampling?: Input<Schemas["SamplingParams"]>;
+}
+
+export interface RolloutProgress {
+  episodesDone: number;
+  episodes: number;
+  turns: number;
+  tokensSampled: number;
+  engineCalls: number;
+}
+
+export interface RolloutOptions<Task> {
+  client: EngineClient;
+  /** A fresh env per episode (e.g. `() => suite.makeEnv(agents, graph)`). */
+  makeEnv: () => Env<Task>;
+  tasks: readonly Task[];
+  taskId: (task: Task) => string;
+  /** Episodes per task; episodes of one task share a `group` (default 1). */
+  samplesPerTask?: number;
+  /** Sampling profile of every agent the env may make ready. */
+  profiles: Record<AgentId, AgentProfile>;
+  seed: number;
+  /** Episodes alive at once (default 64). */
+  maxConcurrentEpisodes?: number;
+  /** Requests per sample call (default 64). */
+  maxBatchSize?: number;
+  /** Sample calls outstanding at once (default 4; 1 in deterministic mode). */
+  maxInFlightCalls?: number;
+  /** Lock-step mode with a fixed grouping of calls: bitwise reproducible given the seed (on CPU). */
+  deterministic?: boolean;
+  /** An episode that takes more actions than this is an env bug (default 1000). */
+  maxActionsPerEpisode?: number;
+  onProgress?: (p: RolloutProgress) => void;
+}
+
+export interface RolloutStats {
+  episodes: number;
+  turns: number;
+  /** Response tokens sampled. */
+  tokensSampled: number;
+  promptTokens: number;
+  seconds: number;
+  tokensPerSecond: number;
+  /** Number of `sample` calls and requests per call. */
+  engineCalls: number;
+  meanBatchSize: number;
+  /** Most sample calls outstanding at once. */
+  maxInFlight: number;
+  /** Rewards given to an agent before its first action in the episode (no turn to credit). */
+  droppedRewards: number;
+}
+
+export interface RolloutResult {
+  /** In a deterministic order: by task, then sample (index = task * samplesPerTask + sample). */
+  episodes: Episode[];
+  stats: RolloutStats;
+}
+
+/** A well-mixed 31-bit seed from a list of integers (splitmix-style), for engine and env seeds. */
+export function mixSeed(...parts: number[]): number {
+  let h = 0x9e3779b9;
+  for (const p of parts) {
+    h = Math.imul(h ^ (p >>> 0), 0x85ebca6b);
+    h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+    h ^= h >>> 16;
+    h = (h + Math.imul(Math.floor(p / 4294967296) | 0, 0x27d4eb2f)) | 0;
+  }
+  return (h >>> 0) & 0x7fffffff;
+}
+
+interface Live<Task> {
+  env: Env<Task>;
+  episode: Episode;
+  /** Agents requested or acting: not to be queued again until their act has finished. */
+  busy: Set<AgentId>;
+  actsInFlight: number;
+  latest: Map<AgentId, Turn>;
+  /** How many times each agent has been requested in this episode: part of its sample seed. */
+  requested: Map<AgentId, number>;
+  done: boolean;
+}
+
+interface Request<Task> {
+  live: Live<Task>;
+  agent: AgentId;
+  messages: ChatMessage[];
+  parents: AgentId[];
+  step: number;
+  seed: number;
+}
+
+export async function rollout<Task>(opts: RolloutOptions<Task>): Promise<RolloutResult> {
+  return new Rollout(opts).run();
+}
+
+class Rollout<Task> {
+  private readonly n: number;
+  private readonly total: number;
+  private readonly maxEpisodes: number;
+  private readonly maxBatch: number;
+  private readonly maxInFlight: number;
+  private readonly maxActions: number;
+  private readonly episodes: Episode[] = [];
+  private next = 0;
+  private active = 0;
+  private doneCount = 0;
+  private queue: Array<Request<Task>> = [];
+  private inFlight = 0;
+  private flushScheduled = false;
+  private failed = false;
+  private resolve!: () => void;
+  private reject!: (e: unknown) => void;
+  private readonly stats = {
+    turns: 0,
+    tokensSampled: 0,
+    promptTokens: 0,
+    engineCalls: 0,
+    requests: 0,
+    maxInFlight: 0,
+    droppedRewards: 0,
+  };
+
+  constructor(private readonly opts: RolloutOptions<Task>) {
+    this.n = opts.samplesPerTask ?? 1;
+    if (!Number.isInteger(this.n) || this.n < 1) {
+      throw new Error(`rollout.samplesPerTask: expected a positive integer, got ${opts.samplesPerTask}`);
+    }
+    this.total = opts.tasks.length * this.n;
+    this.maxEpisodes = opts.maxConcurrentEpisodes ?? 64;
+    this.maxBatch = opts.maxBatchSize ?? 64;
+    this.maxInFlight = opts.deterministic ? 1 : (opts.maxInFlightCalls ?? 4);
+    this.maxActions = opts.maxActionsPerEpisode ?? 1000;
+  }
+
+  async run(): Promise<RolloutResult> {
+    const t0 = performance.now();
+    if (this.total > 0) {
+      const probe = this.opts.makeEnv();
+      const missing = probe.agents.filter((a) => !this.opts.profiles[a]);
+      if (missing.length > 0)
+        throw new Error(`rollout.profiles: no sampling profile for agent(s) ${missing.join(", ")}`);
+      if (this.opts.deterministic) await this.runLockStep();
+      else await this.runAsync();
+    }
+    const seconds = (performance.now() - t0) / 1000;
+    const s = this.stats;
+    return {
+      episodes: this.episodes,
+      stats: {
+        episodes: this.total,
+        turns: s.turns,
+        tokensSampled: s.tokensSampled,
+        promptTokens: s.promptTokens,
+        seconds,
+        tokensPerSecond: seconds > 0 ? s.tokensSampled / seconds : 0,
+        engineCalls: s.engineCalls,
+        meanBatchSize: s.engineCalls > 0 ? s.requests / s.engineCalls : 0,
+        maxInFlight: s.maxInFlight,
+        droppedRewards: s.droppedRewards,
+      },
+    };
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // episodes
+
+  private async startEpisode(index: number): Promise<Live<Task>> {
+    const taskIndex = Math.floor(index / this.n);
+    const task = this.opts.tasks[taskIndex]!;
+    const seed = mixSeed(this.opts.seed, index, 1);
+    const env = this.opts.makeEnv();
+    const episode: Episode = {
+      index,
+      taskId: this.opts.taskId(task),
+      group: taskIndex,
+      seed,
+      turns: [],
+      terminated: false,
+      truncated: false,
+      info: {},
+      transcript: [],
+    };
+    this.episodes[index] = episode;
+    const live: Live<Task> = {
+      env,
+      episode,
+      busy: new Set(),
+      actsInFlight: 0,
+      latest: new Map(),
+      requested: new Map(),
+      done: false,
+    };
+    await env.reset(task, seed);
+    this.credit(live); // rewards at reset have no turn yet: counted as dropped
+    return live;
+  }
+
+  /** Queues a request for every ready agent of the episode that is not already requested or acting. */
+  private collect(live: Live<Task>): void {
+    if (live.done) return;
+    const { env, episode } = live;
+    for (const agent of env.ready()) {
+      if (live.busy.has(agent)) continue;
+      live.busy.add(agent);
+      // The seed depends on (episode, agent, k-th request of that agent), never on timing.
+      const k = live.requested.get(agent) ?? 0;
+      live.requested.set(agent, k + 1);
+      this.queue.push({
+        live,
+        agent,
+        messages: env.observe(agent),
+        parents: env.parents(agent),
+        step: env.step(),
+        seed: mixSeed(this.opts.seed, episode.index, 2, env.agents.indexOf(agent), k),
+      });
+    }
+  }
+
+  /** Adds rewards to each agent's latest turn. */
+  private credit(live: Live<Task>): void {
+    const rewards = live.env.takeRewards();
+    for (const [agent, r] of Object.entries(rewards)) {
+      if (r === 0) continue;
+      const turn = live.latest.get(agent);
+      if (turn) turn.reward += r;
+      else this.stats.droppedRewards++;
+    }
+  }
+
+  /** Finishes the episode if it is over and nothing is pending; returns whether it is done. */
+  private finishIfOver(live: Live<Task>): boolean {
+    if (live.done) return true;
+    const { env, episode } = live;
+    if (live.actsInFlight > 0 || live.busy.size > 0) return false;
+    if (!(env.terminated || env.truncated)) {
+      if (env.ready().length === 0) {
+        throw new Error(
+          `episode ${episode.index} (task ${episode.taskId}): ready() is empty with no act pending, but the episode is neither terminated nor truncated`,
+        );
+      }
+      return false;
+    }
+    this.credit(live);
+    episode.terminated = env.terminated;
+    episode.truncated = env.truncated;
+    episode.info = env.info();
+    episode.transcript = env.state().map((m) => ({ role: m.role, content: m.content }));
+    live.done = true;
+    this.doneCount++;
+    this.opts.onProgress?.({
+      episodesDone: this.doneCount,
+      episodes: this.total,
+      turns: this.stats.turns,
+      tokensSampled: this.stats.tokensSampled,
+      engineCalls: this.stats.engineCalls,
+    });
+    return true;
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // engine
+
+  private async sample(batch: Array<Request<Task>>): Promise<Schemas["SampleResponse"]> {
+    const requests = batch.map((r) => {
+      const p = this.opts.profiles[r.agent]!;
+      // `seed` per request: its tokens depend on it alone, whatever batch it shares.
+      const req: Input<Schemas["SampleRequest"]> & { seed?: number } = {
+        adapter: p.adapter,
+        messages: r.messages,
+        sampling: { ...p.sampling, n: 1 },
+        seed: r.seed,
+      };
+      if (p.base !== undefined) req.base = p.base;
+      return req;
+    });
+    this.stats.engineCalls++;
+    this.stats.requests += batch.length;
+    this.inFlight++;
+    this.stats.maxInFlight = Math.max(this.stats.maxInFlight, this.inFlight);
+    try {
+      const res = await this.opts.client.sample({ requests, seed: batch[0]!.seed });
+      if (res.results.length !== batch.length) {
+        throw new Error(`sample: sent ${batch.length} requests, got ${res.results.length} results`);
+      }
+      return res;
+    } finally {
+      this.inFlight--;
+    }
+  }
+
+  /** Records the turn and starts the env's act; returns the act's promise. */
+  private act(r: Request<Task>, result: Schemas["SampleResult"]): Promise<void> {
+    const live = r.live;
+    const c = result.completions[0];
+    if (!c) throw new Error(`sample: no completion for agent ${r.agent} of episode ${live.episode.index}`);
+    const temperature = this.opts.profiles[r.agent]!.sampling?.temperature ?? 1;
+    const turn: Turn = {
+      order: live.episode.turns.length,
+      step: r.step,
+      agent: r.agent,
+      parents: r.parents,
+      adapter: result.adapter,
+      adapterVersion: result.adapter_version,
+      // Greedy sampling reports log-probs at temperature 1 (engine schema).
+      temperature: temperature > 0 ? temperature : 1,
+      promptIds: result.prompt_ids,
+      responseIds: c.response_ids,
+      logprobs: c.logprobs,
+      text: c.text,
+      finishReason: c.finish_reason,
+      reward: 0,
+    };
+    live.episode.turns.push(turn);
+    live.latest.set(r.agent, turn);
+    this.stats.turns++;
+    this.stats.tokensSampled += c.response_ids.length;
+    this.stats.promptTokens += result.prompt_ids.length;
+    if (live.episode.turns.length > this.maxActions) {
+      throw new Error(
+        `episode ${live.episode.index} (task ${live.episode.taskId}) took more than ${this.maxActions} actions: does the env ever end?`,
+      );
+    }
+    live.actsInFlight++;
+    return live.env.act(r.agent, c.text).finally(() => {
+      live.actsInFlight--;
+      live.busy.delete(r.agent);
+    });
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // asynchronous mode
+
+  private runAsync(): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+      this.startMore();
+    });
+  }
+
+  private fail(e: unknown): void {
+    if (this.failed) return;
+    this.failed = true;
+    this.reject(e);
+  }
+
+  private guard(f: () => void): void {
+    if (this.failed) return;
+    try {
+      f();
+    } catch (e) {
+      this.fail(e);
+    }
+  }
+
+  private startMore(): void {
+    while (this.active < this.maxEpisodes && this.next < this.total) {
+      const index = this.next++;
+      this.active++;
+      this.startEpisode(index).then(
+        (live) => this.guard(() => this.advance(live)),
+        (e) => this.fail(e),
+      );
+    }
+    if (this.doneCount === this.total) this.resolve();
+  }
+
+  /** After a reset or an act: finish the episode, or queue its newly ready agents. */
+  private advance(live: Live<Task>): void {
+    if (this.finishIfOver(live)) {
+      this.active--;
+      this.startMore();
+      return;
+    }
+    this.collect(live);
+    this.flushSoon();
+  }
+
+  /** Everything queued in this tick goes out together. */
+  private flushSoon(): void {
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    setImmediate(() => {
+      this.flushScheduled = false;
+      this.guard(() => this.flush());
+    });
+  }
+
+  private flush(): void {
+    while (this.queue.length > 0 && this.inFlight < this.maxInFlight) {
+      const batch = this.queue.splice(0, this.maxBatch);
+      this.sample(batch).then(
+        (res) => this.guard(() => this.deliver(batch, res)),
+        (e) => this.fail(e),
+      );
+    }
+  }
+
+  private deliver(batch: Array<Request<Task>>, res: Schemas["SampleResponse"]): void {
+    // Requests of one episode are in topological order (the order of ready()), so acts start in it.
+    batch.forEach((r, i) => {
+      this.act(r, res.results[i]!).then(
+        () =>
+          this.guard(() => {
+            this.credit(r.live);
+            this.advance(r.live);
+          }),
+        (e) => this.fail(e),
+      );
+    });
+    this.flush(); // a call slot is free again
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // deterministic (lock-step) mode
+
+  private async runLockStep(): Promise<void> {
+    const live: Array<Live<Task>> = [];
+    const refill = async () => {
+      while (live.length < this.maxEpisodes && this.next < this.total) {
+        const l = await this.startEpisode(this.next++);
+        if (!this.finishIfOver(l)) live.push(l);
+      }
+    };
+    await refill();
+    while (live.length > 0) {
+      for (const l of live) this.collect(l);
+      const round = this.queue;
+      this.queue = [];
+      if (round.length === 0) {
+        throw new Error("rollout: live episodes but no agent is ready (an env bug)");
+      }
+      for (let i = 0; i < round.length; i += this.maxBatch) {
+        const batch = round.slice(i, i + this.maxBatch);
+        const res = await this.sample(batch);
+        // Acts one at a time, in episode then topological order: env work that depends on timing
+        // (async answer checks) cannot reorder anything.
+        for (const [j, r] of batch.entries()) {
+          await this.act(r, res.results[j]!);
+          this.credit(r.live);
+        }
+      }
+      for (let i = live.length - 1; i >= 0; i--) if (this.finishIfOver(live[i]!)) live.splice(i, 1);
+      await refill();
+    }
+  }
+}

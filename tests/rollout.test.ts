@@ -1,0 +1,190 @@
+import { beforeAll, describe, expect, it } from "vitest";
+import { secretSuite, voteSuite } from "../src/envs/synthetic/index.ts";
+import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
+import {
+  type AgentProfile,
+  adapterVersions,
+  checkStaleness,
+  type RolloutOptions,
+  rollout,
+} from "../src/rollout/index.ts";
+import type { Episode } from "../src/rollout/types.ts";
+import { createPolicy, createTinyBase, useEngine } from "./helpers/engine.ts";
+
+const eng = useEngine();
+
+const duo: AgentSpec[] = [
+  { id: "speaker", role: "speaker", systemPrompt: "S" },
+  { id: "listener", role: "listener", systemPrompt: "L" },
+];
+const trio: AgentSpec[] = [
+  { id: "s1", role: "s1", systemPrompt: "A" },
+  { id: "s2", role: "s2", systemPrompt: "B" },
+  { id: "agg", role: "agg", systemPrompt: "C" },
+];
+const voteGraph: GraphSpec = {
+  kind: "edges",
+  edges: [
+    ["s1", "agg"],
+    ["s2", "agg"],
+  ],
+};
+const sampling = { temperature: 1, max_new_tokens: 3 };
+const profiles: Record<string, AgentProfile> = Object.fromEntries(
+  ["speaker", "listener", "s1", "s2", "agg"].map((a) => [a, { adapter: a, sampling }]),
+);
+
+const secret = secretSuite({ trainSize: 6 });
+const vote = voteSuite({ trainSize: 4 });
+
+function secretOpts(extra: Partial<RolloutOptions<unknown>> = {}): RolloutOptions<unknown> {
+  return {
+    client: eng.client,
+    makeEnv: () => secret.makeEnv(duo, { kind: "sequential" }) as never,
+    tasks: secret.train,
+    taskId: (t) => secret.taskId(t as never),
+    samplesPerTask: 2,
+    profiles,
+    seed: 11,
+    ...extra,
+  };
+}
+
+/** Log-probs the engine's forward pass gives for each turn's tokens: must match the sampled ones. */
+async function checkParity(episodes: Episode[]): Promise<void> {
+  const turns = episodes.flatMap((e) => e.turns);
+  for (const adapter of new Set(turns.map((t) => t.adapter))) {
+    const mine = turns.filter((t) => t.adapter === adapter && t.responseIds.length > 0);
+    const res = await eng.client.forward({
+      adapter,
+      temperature: 1,
+      data: mine.map((t) => ({ tokens: [...t.promptIds, ...t.responseIds] })),
+    });
+    mine.forEach((t, i) => {
+      const lp = res.results[i]!.logprobs!.slice(t.promptIds.length);
+      expect(lp).toHaveLength(t.logprobs.length);
+      lp.forEach((x, j) => {
+        expect(Math.abs(x - t.logprobs[j]!)).toBeLessThan(1e-3);
+      });
+    });
+  }
+}
+
+beforeAll(async () => {
+  await createTinyBase(eng.client);
+  for (const a of Object.keys(profiles)) await createPolicy(eng.client, a);
+});
+
+describe("rollout against a real engine", () => {
+  it("secret: concurrent episodes, batched calls, Turns consistent with the engine", async () => {
+    const progress: number[] = [];
+    const { episodes, stats } = await rollout({
+      ...secretOpts(),
+      onProgress: (p) => progress.push(p.episodesDone),
+    });
+    expect(episodes.map((e) => e.index)).toEqual([...Array(12).keys()]);
+    expect(episodes.map((e) => e.group)).toEqual([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]);
+    expect(episodes[3]!.taskId).toBe(secret.train[1]!.id);
+    expect(progress).toEqual([...Array(12).keys()].map((i) => i + 1));
+    for (const ep of episodes) {
+      expect(ep.terminated).toBe(true);
+      expect(ep.turns.map((t) => [t.order, t.agent, t.parents])).toEqual([
+        [0, "speaker", []],
+        [1, "listener", ["speaker"]],
+      ]);
+      for (const t of ep.turns) {
+        expect(t.adapter).toBe(t.agent);
+        expect(t.adapterVersion).toBe(0);
+        expect(t.temperature).toBe(1);
+        expect(t.logprobs).toHaveLength(t.responseIds.length);
+        expect(t.responseIds.length).toBeLessThanOrEqual(3);
+        expect(t.promptIds.length).toBeGreaterThan(0);
+      }
+      // The team reward reaches both agents' (latest) turns and matches info().
+      expect(ep.turns.map((t) => t.reward)).toEqual([ep.info["teamReward"], ep.info["teamReward"]]);
+      expect(ep.transcript.length).toBeGreaterThan(2);
+    }
+    // Two agents of 12 episodes: 24 turns in fewer calls (speakers batched together, listeners too).
+    expect(stats.turns).toBe(24);
+    expect(stats.engineCalls).toBeLessThan(24);
+    expect(stats.meanBatchSize).toBeGreaterThan(1);
+    expect(stats.tokensSampled).toBe(
+      episodes.flatMap((e) => e.turns).reduce((n, t) => n + t.responseIds.length, 0),
+    );
+    expect(stats.tokensPerSecond).toBeGreaterThan(0);
+    await checkParity(episodes);
+  });
+
+  it("parallel-vote: solvers sampled together, the aggregator sees both; mixed adapters in one call", async () => {
+    const { episodes, stats } = await rollout({
+      client: eng.client,
+      makeEnv: () => vote.makeEnv(trio, voteGraph),
+      tasks: vote.train,
+      taskId: vote.taskId,
+      samplesPerTask: 2,
+      profiles,
+      seed: 5,
+    });
+    expect(episodes).toHaveLength(8);
+    for (const ep of episodes) {
+      expect(
+        ep.turns
+          .map((t) => t.agent)
+          .slice(0, 2)
+          .sort(),
+      ).toEqual(["s1", "s2"]);
+      expect(ep.turns[2]!.agent).toBe("agg");
+      expect(ep.turns[2]!.parents).toEqual(["s1", "s2"]);
+    }
+    // 8 episodes x 3 agents; the two solvers of all episodes fit in one call.
+    expect(stats.turns).toBe(24);
+    expect(stats.meanBatchSize).toBeGreaterThanOrEqual(2);
+    await checkParity(episodes);
+  });
+
+  it("the same seed reproduces the same episodes (deterministic mode); another seed does not", async () => {
+    const a = await rollout(secretOpts({ deterministic: true, seed: 3 }));
+    const b = await rollout(secretOpts({ deterministic: true, seed: 3 }));
+    const c = await rollout(secretOpts({ deterministic: true, seed: 4 }));
+    expect(JSON.stringify(b.episodes)).toBe(JSON.stringify(a.episodes));
+    expect(JSON.stringify(c.episodes)).not.toBe(JSON.stringify(a.episodes));
+    // Lock step: one call for all speakers, one for all listeners.
+    expect(a.stats.engineCalls).toBe(2);
+    // Per-request seeds: the asynchronous mode samples the same tokens for the same seed.
+    const d = await rollout(secretOpts({ seed: 3 }));
+    const texts = (eps: Episode[]) => eps.map((e) => e.turns.map((t) => t.responseIds));
+    expect(texts(d.episodes)).toEqual(texts(a.episodes));
+  });
+
+  it("the stale-data guard fires after an optim_step, unless off-policy data is allowed", async () => {
+    const { episodes } = await rollout(secretOpts({ tasks: secret.train.slice(0, 2), samplesPerTask: 1 }));
+    expect(checkStaleness(episodes, await adapterVersions(eng.client))).toEqual({ staleTurns: 0 });
+    const t = episodes[1]!.turns[1]!;
+    await eng.client.forwardBackward({
+      adapter: "listener",
+      loss: "cross_entropy",
+      data: [
+        {
+          tokens: [...t.promptIds, 65, 66],
+          weights: [...t.promptIds.map(() => 0), 1, 1],
+        },
+      ],
+    });
+    const step = await eng.client.optimStep({ adapter: "listener" });
+    expect(step.version).toBe(1);
+    const versions = await adapterVersions(eng.client);
+    expect(() => checkStaleness(episodes, versions)).toThrow(
+      "turn 1 of episode 0 (agent listener) was sampled by adapter listener v0, but it is now v1: refusing stale data; set train.offPolicy to allow it",
+    );
+    expect(checkStaleness(episodes, versions, { offPolicy: true })).toEqual({ staleTurns: 2 });
+    const fresh = await rollout(secretOpts({ tasks: secret.train.slice(0, 1), samplesPerTask: 1 }));
+    expect(fresh.episodes[0]!.turns[1]!.adapterVersion).toBe(1);
+    expect(checkStaleness(fresh.episodes, versions)).toEqual({ staleTurns: 0 });
+  });
+
+  it("rejects a team without sampling profiles", async () => {
+    await expect(rollout(secretOpts({ profiles: { speaker: profiles["speaker"]! } }))).rejects.toThrow(
+      "rollout.profiles: no sampling profile for agent(s) listener",
+    );
+  });
+});
