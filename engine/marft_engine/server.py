@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -256,8 +258,23 @@ def main(argv: list[str] | None = None) -> None:
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
 
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises the signal after its graceful shutdown (exit status -15); a SIGTERM or
+            # SIGINT is the normal way to stop the engine, so stop gracefully and exit 0 instead.
+            def on_signal(_sig: int, _frame: object) -> None:
+                self.should_exit = True
+
+            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    server = Server(config)
 
     def stop() -> None:
         server.should_exit = True
