@@ -1,6 +1,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
-import { secretSuite, voteSuite } from "../src/envs/synthetic/index.ts";
-import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
+import { EngineClient } from "../src/client/client.ts";
+import { type SecretTask, secretSuite, voteSuite } from "../src/envs/synthetic/index.ts";
+import type { AgentSpec, Env, GraphSpec } from "../src/flexmg/types.ts";
 import {
   type AgentProfile,
   adapterVersions,
@@ -180,6 +181,55 @@ describe("rollout against a real engine", () => {
     const fresh = await rollout(secretOpts({ tasks: secret.train.slice(0, 1), samplesPerTask: 1 }));
     expect(fresh.episodes[0]!.turns[1]!.adapterVersion).toBe(1);
     expect(checkStaleness(fresh.episodes, versions)).toEqual({ staleTurns: 0 });
+  });
+
+  it("env work overlaps sampling: other episodes are sampled while a slow act runs", async () => {
+    let actsRunning = 0;
+    let callsDuringActs = 0;
+    class CountingClient extends EngineClient {
+      override sample(...args: Parameters<EngineClient["sample"]>) {
+        if (actsRunning > 0) callsDuringActs++;
+        return super.sample(...args);
+      }
+    }
+    const client = new CountingClient({ url: eng.engine.url, token: eng.engine.token });
+    /** The speaker's act of task 0 takes 1.5 s (think: running code); everything else is instant. */
+    class SlowEnv implements Env<SecretTask> {
+      private readonly env = secret.makeEnv(duo, { kind: "sequential" });
+      private slow = false;
+      readonly agents = this.env.agents;
+      get terminated() {
+        return this.env.terminated;
+      }
+      get truncated() {
+        return this.env.truncated;
+      }
+      reset(task: SecretTask, seed: number) {
+        this.slow = task.id === secret.train[0]!.id;
+        return this.env.reset(task, seed);
+      }
+      async act(agent: string, text: string) {
+        actsRunning++;
+        try {
+          await this.env.act(agent, text);
+          if (this.slow && agent === "speaker") await new Promise((r) => setTimeout(r, 1500));
+        } finally {
+          actsRunning--;
+        }
+      }
+      ready = () => this.env.ready();
+      observe = (a: string) => this.env.observe(a);
+      parents = (a: string) => this.env.parents(a);
+      step = () => this.env.step();
+      takeRewards = () => this.env.takeRewards();
+      state = () => this.env.state();
+      info = () => this.env.info();
+    }
+    const slowEnv = () => new SlowEnv();
+    const { episodes } = await rollout({ ...secretOpts(), client, makeEnv: slowEnv });
+    expect(callsDuringActs).toBeGreaterThan(0);
+    expect(episodes.every((e) => e.turns.length === 2)).toBe(true);
+    expect(episodes.map((e) => e.turns[1]!.reward)).toEqual(episodes.map((e) => e.info["teamReward"]));
   });
 
   it("rejects a team without sampling profiles", async () => {

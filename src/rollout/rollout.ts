@@ -293,7 +293,7 @@ class Rollout<Task> {
     const requests = batch.map((r) => {
       const p = this.opts.profiles[r.agent]!;
       // `seed` per request: its tokens depend on it alone, whatever batch it shares.
-      const req: Input<Schemas["SampleRequest"]> & { seed?: number } = {
+      const req: Input<Schemas["SampleRequest"]> = {
         adapter: p.adapter,
         messages: r.messages,
         sampling: { ...p.sampling, n: 1 },
