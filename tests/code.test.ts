@@ -149,6 +149,15 @@ describe("hidden-test harness", () => {
     expect(none).toMatchObject({ passed: 0, status: "no_code" });
   });
 
+  it("passes a spread sample of MBPP reference solutions (the harness is correct on real data)", async () => {
+    const sample = mbpp.filter((_, i) => i % 15 === 0); // 29 problems across the file
+    const outcomes = await Promise.all(sample.map((p) => runTests(pool, p.reference!, p, limits)));
+    const failed = outcomes.flatMap((o, i) =>
+      o.passed === o.total ? [] : [`${sample[i]!.id}: ${o.stderr}`],
+    );
+    expect(failed).toEqual([]);
+  });
+
   it("cannot be fooled by printing, early exit, frame or gc introspection", async () => {
     const p = byId("mbpp-3");
     const attacks = [

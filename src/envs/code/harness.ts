@@ -20,6 +20,9 @@ export interface TestProgram {
 
 const HARNESS = String.raw`
 import os as _os, sys as _sys
+# Imported before the audit hook: "types" reads a traceback's tb_frame when it loads (and "enum",
+# "re", ... import it), which the hook would refuse. These are also what solutions import most.
+import types, enum, re, collections, functools, itertools, operator, math, heapq, bisect, string, copy
 
 def _harness(solution, imports, tests):
     write, read, exec_, compile_ = _os.write, _os.read, exec, compile
@@ -32,7 +35,7 @@ def _harness(solution, imports, tests):
     tokens = raw.decode().split()
     del raw
 
-    frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals"}
+    frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
     refused = {"sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
                "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
 
