@@ -1,0 +1,327 @@
+// MathEnv: a team solves a math problem; the reward is the fraction of answering agents whose
+// extracted answer is correct (the MARFT reference).
+//
+// Team: any agents and any graph (sequential: the reference's reasoner -> actor chain; parallel;
+// explicit edges; dynamic, see below). Every agent sees the problem and the shared history.
+// Answering agents: those whose role is in `answerRoles`; by default every agent except planning
+// roles (reasoner, planner, orchestrator), or every agent when that leaves none.
+//
+// Attempts (the reference's judge loop): after each step (= one attempt of the whole team) the
+// attempt's actions and a judge line "The answer is correct." / "The answer is incorrect." are
+// appended to the shared history. The episode ends when an attempt is judged correct (all answering
+// agents correct) or after `attempts` attempts; both are `terminated` (the rules of the game ended it:
+// no reward can follow, so no bootstrap). `cutAfter` < attempts cuts the episode earlier, as a
+// rollout limit: that end is `truncated` (the game would have gone on; the trainer bootstraps).
+//
+// Rewards: at the end of each attempt, that attempt's team reward goes to every agent through
+// takeRewards(). info(): correct, score and teamReward (of the last attempt), attempts, answers
+// (per agent, last attempt), rewards (per attempt), roleRewards (per role, for per-role routing):
+//   answering role: 1 when its last action had an extractable answer (a format reward: \boxed{}),
+//   planning role:  1 when none of its actions stated a final answer (\boxed{}) (plan, don't solve).
+//
+// Dynamic graphs: each attempt starts with the first agent (profile order); an agent's action that
+// names another agent (its id, as a word) who has not acted in this attempt schedules that agent
+// next, seeing everyone who acted so far in the attempt; the attempt ends when nobody is scheduled.
+//
+// Answer checking starts inside each answering agent's `act` (it overlaps with the sampling of the
+// other agents); the last `act` of the attempt awaits the checks.
+import { TeamEpisode } from "../../flexmg/team.ts";
+import type {
+  AgentId,
+  AgentSpec,
+  ChatMessage,
+  Env,
+  GraphSpec,
+  Rewards,
+  TaskSuite,
+} from "../../flexmg/types.ts";
+import { loadMathSplits, type MathProblem } from "./data.ts";
+import { extractAnswer, extractBoxed } from "./extract.ts";
+import { type GradeResult, gradeAnswer } from "./grader.ts";
+
+export type { MathProblem } from "./data.ts";
+
+/** How an answer is taken from a response: \boxed only; boxed, else "the answer is"; or also the last number. */
+export type ExtractMode = "boxed" | "answer" | "last-number";
+
+export interface MathEnvOptions {
+  /** Attempts per problem, with judge feedback after each (default 1; the reference uses 3). */
+  attempts?: number;
+  /** Cut the episode (truncated) after this many attempts, if fewer than `attempts`. */
+  cutAfter?: number;
+  /** Answer extraction (default "answer"; "last-number" suits GSM8K). */
+  extract?: ExtractMode;
+  /** Roles whose answers count for the reward (default: every role but reasoner/planner/orchestrator). */
+  answerRoles?: string[];
+  /** Time limit of one answer check in ms (default 2000). */
+  timeoutMs?: number;
+}
+
+export interface MathSuiteOptions extends MathEnvOptions {
+  /** Problems: the MARFT reference's JSON, GSM8K JSONL or MATH-500 JSONL. */
+  trainFile?: string;
+  /** Held-out problems; omitted: the last `evalSplit` rows of trainFile. */
+  evalFile?: string;
+  evalSplit?: number;
+  limit?: number;
+  evalLimit?: number;
+  /** Problems given directly instead of files (tests, programmatic use). */
+  train?: MathProblem[];
+  eval?: MathProblem[];
+}
+
+const PLANNING_ROLES = new Set(["reasoner", "planner", "orchestrator"]);
+
+export function extractWith(mode: ExtractMode, text: string): string | null {
+  if (mode === "boxed") return extractBoxed(text);
+  return extractAnswer(text, { lastNumber: mode === "last-number" });
+}
+
+interface Check {
+  agent: AgentId;
+  answer: string | null;
+  result: Promise<GradeResult | null>;
+}
+
+export class MathEnv implements Env<MathProblem> {
+  readonly agents: readonly AgentId[];
+  private readonly team: TeamEpisode;
+  private readonly answering: ReadonlySet<AgentId>;
+  private readonly roles: Map<AgentId, string>;
+  private readonly attempts: number;
+  private readonly cutAfter: number;
+  private readonly extract: ExtractMode;
+  private readonly timeoutMs: number;
+  private problem: MathProblem | undefined;
+  private checks: Check[] = [];
+  private pending: Rewards = {};
+  private attemptRewards: number[] = [];
+  private answers: Record<AgentId, string | null> = {};
+  private isTerminated = false;
+  private isTruncated = false;
+  private lastCorrect = false;
+  private lastScore = 0;
+
+  constructor(agents: AgentSpec[], graph: GraphSpec, opts: MathEnvOptions = {}) {
+    if (agents.length === 0) throw new Error("math: expected at least one agent");
+    this.team = new TeamEpisode(agents, graph);
+    this.agents = this.team.agents;
+    this.roles = new Map(agents.map((a) => [a.id, a.role]));
+    const answerRoles = opts.answerRoles ? new Set(opts.answerRoles.map((r) => r.toLowerCase())) : null;
+    let answering = agents.filter((a) =>
+      answerRoles ? answerRoles.has(a.role.toLowerCase()) : !PLANNING_ROLES.has(a.role.toLowerCase()),
+    );
+    if (answerRoles && answering.length === 0) {
+      throw new Error(`math.answerRoles: no agent has one of the roles ${[...answerRoles].join(", ")}`);
+    }
+    if (answering.length === 0) answering = agents;
+    this.answering = new Set(answering.map((a) => a.id));
+    this.attempts = opts.attempts ?? 1;
+    if (!Number.isInteger(this.attempts) || this.attempts < 1) {
+      throw new Error(`math.attempts: expected a positive integer, got ${opts.attempts}`);
+    }
+    this.cutAfter = opts.cutAfter ?? this.attempts;
+    if (!Number.isInteger(this.cutAfter) || this.cutAfter < 1) {
+      throw new Error(`math.cutAfter: expected a positive integer, got ${opts.cutAfter}`);
+    }
+    this.extract = opts.extract ?? "answer";
+    if (!["boxed", "answer", "last-number"].includes(this.extract)) {
+      throw new Error(
+        `math.extract: expected "boxed", "answer" or "last-number", got "${String(opts.extract)}"`,
+      );
+    }
+    this.timeoutMs = opts.timeoutMs ?? 2000;
+  }
+
+  async reset(problem: MathProblem, _seed: number): Promise<void> {
+    // Deterministic given the problem: sampling randomness lives in the engine, not here.
+    this.problem = problem;
+    this.checks = [];
+    this.pending = {};
+    this.attemptRewards = [];
+    this.answers = {};
+    this.isTerminated = false;
+    this.isTruncated = false;
+    this.lastCorrect = false;
+    this.lastScore = 0;
+    this.team.reset(problem.problem);
+    this.scheduleFirst();
+  }
+
+  ready(): AgentId[] {
+    return this.team.ready();
+  }
+
+  observe(agent: AgentId): ChatMessage[] {
+    return this.team.observe(agent);
+  }
+
+  parents(agent: AgentId): AgentId[] {
+    return this.team.parents(agent);
+  }
+
+  step(): number {
+    return this.team.step;
+  }
+
+  async act(agent: AgentId, text: string): Promise<void> {
+    const problem = this.problem;
+    if (!problem) throw new Error("act: reset() was not called");
+    this.team.record(agent, text); // synchronous, before any await (TeamEpisode's contract)
+    if (this.answering.has(agent)) {
+      const answer = extractWith(this.extract, text);
+      const result =
+        answer === null ? Promise.resolve(null) : gradeAnswer(answer, problem.answer, this.check());
+      this.checks.push({ agent, answer, result });
+    }
+    if (this.team.graph.kind === "dynamic") this.scheduleNamed(text);
+    if (!this.team.stepComplete()) return;
+
+    // The attempt is complete: judge it.
+    const checks = this.checks;
+    this.checks = [];
+    const results = await Promise.all(checks.map((c) => c.result));
+    const right = results.filter((r) => r?.equal === true).length;
+    const score = checks.length > 0 ? right / checks.length : 0;
+    const correct = checks.length > 0 && right === checks.length;
+    this.answers = Object.fromEntries(checks.map((c) => [c.agent, c.answer]));
+    this.attemptRewards.push(score);
+    this.lastScore = score;
+    this.lastCorrect = correct;
+    for (const a of this.agents) this.pending[a] = (this.pending[a] ?? 0) + score;
+
+    const attempt = this.team.step + 1;
+    const lines = this.team.stepActions().map((x) => `${x.role}: ${x.text}`);
+    this.team.addHistory(`Attempt ${attempt}:\n${lines.join("\n")}`);
+    this.team.addHistory(`The answer is ${correct ? "correct" : "incorrect"}.`);
+    if (correct || attempt >= this.attempts) {
+      this.isTerminated = true;
+      this.team.finish();
+    } else if (attempt >= this.cutAfter) {
+      this.isTruncated = true;
+      this.team.finish();
+    } else {
+      this.team.nextStep();
+      this.scheduleFirst();
+    }
+  }
+
+  takeRewards(): Rewards {
+    const r = this.pending;
+    this.pending = {};
+    return r;
+  }
+
+  get terminated(): boolean {
+    return this.isTerminated;
+  }
+
+  get truncated(): boolean {
+    return this.isTruncated;
+  }
+
+  state(): ChatMessage[] {
+    return this.team.transcript();
+  }
+
+  info(): Record<string, unknown> {
+    return {
+      correct: this.lastCorrect,
+      score: this.lastScore,
+      teamReward: this.lastScore,
+      gold: this.problem?.answer,
+      answers: { ...this.answers },
+      attempts: this.attemptRewards.length,
+      rewards: [...this.attemptRewards],
+      roleRewards: this.roleRewards(),
+    };
+  }
+
+  /** Per role: a format reward for answering roles, "no final answer" for planning roles. */
+  private roleRewards(): Record<string, number> {
+    const sum: Record<string, number> = {};
+    const count: Record<string, number> = {};
+    const actions = this.team.actions();
+    const lastStep = this.team.step;
+    for (const a of this.agents) {
+      const role = this.roles.get(a)!;
+      const mine = actions.filter((x) => x.agent === a);
+      let r: number;
+      if (this.answering.has(a)) {
+        const last = mine.filter((x) => x.step === lastStep).at(-1);
+        r = last !== undefined && extractWith(this.extract, last.text) !== null ? 1 : 0;
+      } else {
+        r = mine.length > 0 && mine.every((x) => extractBoxed(x.text) === null) ? 1 : 0;
+      }
+      sum[role] = (sum[role] ?? 0) + r;
+      count[role] = (count[role] ?? 0) + 1;
+    }
+    // several agents with one role: the role's reward is their mean
+    return Object.fromEntries(Object.keys(sum).map((role) => [role, sum[role]! / count[role]!]));
+  }
+
+  private check(): { timeoutMs: number } {
+    return { timeoutMs: this.timeoutMs };
+  }
+
+  /** Dynamic graphs: each attempt starts with the first agent in profile order. */
+  private scheduleFirst(): void {
+    if (this.team.graph.kind === "dynamic") this.team.schedule(this.agents[0]!);
+  }
+
+  /** Dynamic graphs: the first agent named in `text` that has not acted in this attempt acts next. */
+  private scheduleNamed(text: string): void {
+    const acted = new Set(this.team.stepActions().map((x) => x.agent));
+    let best: AgentId | null = null;
+    let bestAt = Number.POSITIVE_INFINITY;
+    for (const a of this.agents) {
+      if (acted.has(a) || this.team.isReady(a)) continue;
+      const m = new RegExp(`(?<![\\w-])${escapeRegExp(a)}(?![\\w-])`).exec(text);
+      if (m && m.index < bestAt) {
+        best = a;
+        bestAt = m.index;
+      }
+    }
+    if (best !== null) this.team.schedule(best, [...acted]);
+  }
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
+/** Math problems as a TaskSuite (files or problems given directly). */
+export function createMathSuite(opts: MathSuiteOptions): TaskSuite<MathProblem> {
+  let train: MathProblem[];
+  let evalSet: MathProblem[];
+  if (opts.train) {
+    train = opts.train;
+    evalSet = opts.eval ?? [];
+  } else {
+    if (opts.trainFile === undefined) throw new Error("math: expected trainFile (or train problems)");
+    const split = loadMathSplits({
+      trainFile: opts.trainFile,
+      evalFile: opts.evalFile,
+      // with an evalFile nothing of trainFile is held out
+      evalSplit: opts.evalFile === undefined ? (opts.evalSplit ?? 100) : 0,
+    });
+    train = split.train;
+    evalSet = split.eval;
+  }
+  if (opts.limit !== undefined) train = train.slice(0, opts.limit);
+  if (opts.evalLimit !== undefined) evalSet = evalSet.slice(0, opts.evalLimit);
+  const envOpts: MathEnvOptions = {
+    attempts: opts.attempts,
+    cutAfter: opts.cutAfter,
+    extract: opts.extract,
+    answerRoles: opts.answerRoles,
+    timeoutMs: opts.timeoutMs,
+  };
+  return {
+    name: "math",
+    train,
+    eval: evalSet,
+    taskId: (p) => p.id,
+    makeEnv: (agents, graph) => new MathEnv(agents, graph, envOpts),
+  };
+}
