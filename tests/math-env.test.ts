@@ -29,7 +29,7 @@ async function play(env: MathEnv, problem: MathProblem, script: Record<string, s
     expect(ready.length).toBeGreaterThan(0);
     await Promise.all(
       ready.map((a) => {
-        (observations[a] ??= []).push(env.observe(a).at(-1)!.content);
+        observations[a] = [...(observations[a] ?? []), env.observe(a).at(-1)!.content];
         return env.act(a, script[a]![env.step()] ?? "");
       }),
     );
