@@ -10,8 +10,18 @@ const run = promisify(execFile);
 const dir = mkdtempSync(join(tmpdir(), "marft-sbx-cli-"));
 
 async function marft(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return marftEnv({}, ...args);
+}
+
+async function marftEnv(
+  env: Record<string, string>,
+  ...args: string[]
+): Promise<{ code: number; stdout: string; stderr: string }> {
   try {
-    const { stdout, stderr } = await run("node", ["bin/marft.mjs", ...args], { timeout: 30_000 });
+    const { stdout, stderr } = await run("node", ["bin/marft.mjs", ...args], {
+      timeout: 30_000,
+      env: { ...process.env, ...env },
+    });
     return { code: 0, stdout, stderr };
   } catch (e) {
     const err = e as { code: number; stdout: string; stderr: string };
@@ -59,5 +69,57 @@ describe("marft sandbox run", () => {
     const missing = await marft("sandbox", "run", "--timeout", "1", join(dir, "missing.py"));
     expect(missing.code).toBe(1);
     expect(missing.stderr).toContain("missing.py");
+  });
+
+  // The fallbacks, forced: each mode still runs programs, says how it was isolated and warns.
+  const probe = `import os, socket, json
+out = {"env": sorted(os.environ), "uid": os.getuid()}
+s = socket.socket()
+s.settimeout(1)
+try:
+    s.connect(("1.1.1.1", 53))
+    out["net"] = "connected"
+except OSError as e:
+    out["net"] = e.errno
+try:
+    open("/etc/marft-escape-test", "w")
+    out["etc"] = "wrote"
+except OSError as e:
+    out["etc"] = e.errno
+print(json.dumps(out))
+`;
+
+  it.skipIf(process.platform !== "linux")("userns mode: no network, read-only host, a warning", async () => {
+    const file = join(dir, "probe.py");
+    writeFileSync(file, probe);
+    const r = await marftEnv({ MARFT_SANDBOX_ISOLATION: "userns" }, "sandbox", "run", "--timeout", "5", file);
+    if (r.code !== 0) return expect(r.stderr).toContain("userns"); // machine without user namespaces
+    const out = JSON.parse(r.stdout);
+    expect(out.isolation).toBe("userns");
+    expect(r.stderr).toContain('WARNING: running programs with isolation "userns"');
+    const seen = JSON.parse(out.stdout);
+    expect(seen.env).toEqual(["HOME", "LANG", "PATH", "PYTHONIOENCODING", "TMPDIR"]);
+    expect(seen.net).toBe(101); // ENETUNREACH: an empty network namespace
+    expect(seen.etc).toBe(30); // EROFS
+  });
+
+  it("none mode: rlimits, cleared environment and (as root) another uid remain", async () => {
+    const file = join(dir, "probe.py");
+    writeFileSync(file, probe);
+    const r = await marftEnv({ MARFT_SANDBOX_ISOLATION: "none" }, "sandbox", "run", "--timeout", "5", file);
+    expect(r.code).toBe(0);
+    const out = JSON.parse(r.stdout);
+    expect(out.isolation).toBe("none");
+    expect(r.stderr).toContain('WARNING: running programs with isolation "none"');
+    const seen = JSON.parse(out.stdout);
+    expect(seen.env).toEqual(["HOME", "LANG", "PATH", "PYTHONIOENCODING", "TMPDIR"]);
+    if (process.getuid?.() === 0) {
+      expect(seen.uid).toBeGreaterThanOrEqual(200_000);
+      expect(seen.etc).toBe(13); // EACCES: not root any more
+    }
+    const loop = join(dir, "loop2.py");
+    writeFileSync(loop, "while True:\n    pass\n");
+    const t = await marftEnv({ MARFT_SANDBOX_ISOLATION: "none" }, "sandbox", "run", "--timeout", "1", loop);
+    expect(JSON.parse(t.stdout).status).toBe("timeout");
   });
 });

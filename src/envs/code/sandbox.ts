@@ -21,6 +21,7 @@
 // program keeps the caller's uid, so RLIMIT_NPROC counts the caller's processes too); where no
 // namespace can be made ("none"), only the rlimits, the cleared environment, the uid change (if
 // root) and the process-group timeout remain, and a warning says so once.
+// MARFT_SANDBOX_ISOLATION=root|userns|none forces one mode (to test the fallbacks, or to opt out).
 //
 // Everything here is asynchronous: a rollout's event loop never waits on a program.
 import { type ChildProcess, spawn } from "node:child_process";
@@ -132,7 +133,16 @@ export function detectIsolation(): Promise<Isolation> {
   isolationPromise ??= (async () => {
     const python = findPython();
     const notes: string[] = [];
-    const modes: IsolationMode[] = process.getuid?.() === 0 ? ["root", "userns", "none"] : ["userns", "none"];
+    const forced = process.env["MARFT_SANDBOX_ISOLATION"];
+    if (forced !== undefined && !["root", "userns", "none"].includes(forced)) {
+      throw new SandboxSetupError(`MARFT_SANDBOX_ISOLATION: expected root, userns or none, got "${forced}"`);
+    }
+    const modes: IsolationMode[] = forced
+      ? [forced as IsolationMode]
+      : process.getuid?.() === 0
+        ? ["root", "userns", "none"]
+        : ["userns", "none"];
+    if (forced) notes.push(`MARFT_SANDBOX_ISOLATION=${forced}`);
     if (process.platform !== "linux") notes.push(`namespaces need Linux (this is ${process.platform})`);
     for (const mode of modes) {
       if (mode !== "none" && process.platform !== "linux") continue;
@@ -317,7 +327,11 @@ function execute(
         status = "timeout";
       else if (aborted) status = "killed";
       else if (report?.exit === 0) status = "ok";
-      else if (MEMORY_PATTERN.test(stderr)) status = "memory";
+      else if (
+        MEMORY_PATTERN.test(stderr) ||
+        (report?.signal != null && (report.maxrss_kb ?? 0) * 1024 >= 0.9 * opts.memoryMb * 1024 * 1024)
+      )
+        status = "memory";
       else if (!report || report.signal != null) status = "killed";
       else status = "error";
       resolve({

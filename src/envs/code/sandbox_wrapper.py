@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 MS_RDONLY = 1
@@ -183,7 +184,16 @@ def main() -> None:
     pid = os.fork()
     if pid == 0:
         child(cfg)
-    _, status, usage = os.wait4(pid, 0)
+    # Backstop for the caller's wall-clock kill (e.g. the caller itself died): kill the program a
+    # little after its time is up; exiting then takes the rest of the pid namespace with it.
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
+    signal.alarm(int(cfg["timeout_s"] + 0.999) + 2)
+    while True:
+        try:
+            _, status, usage = os.wait4(pid, 0)
+            break
+        except InterruptedError:
+            continue
     report(
         {
             "exit": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
