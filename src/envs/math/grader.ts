@@ -52,6 +52,17 @@ export async function gradeAnswer(pred: string, gold: string, opts: GradeOptions
     return { ...base, equal: false, reason: "too long" };
   }
 
+  // "25\%" for "0.25": a percentage may be written as a fraction of one (only plain numbers)
+  const hadPercent = (x: string) => /%/.test(x);
+  if (hadPercent(pred) !== hadPercent(gold)) {
+    const [pct, other] = hadPercent(pred) ? [p, g] : [g, p];
+    const a = fastNumber(pct);
+    const b = fastNumber(other);
+    if (a && b && fastEqual({ kind: "real", v: Number(a.v) / 100 }, b)) {
+      return { ...base, equal: true, reason: "percent" };
+    }
+  }
+
   const tp = parseAnswer(p);
   const tg = parseAnswer(g);
   // Phase 1: every scalar comparison the structures need, decided cheaply where possible.

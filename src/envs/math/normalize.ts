@@ -99,11 +99,16 @@ export function normalizeAnswer(raw: string): string {
   s = s.replace(/\\(?:le|leq)(?![a-zA-Z])/g, "\\le ").replace(/\\(?:ge|geq)(?![a-zA-Z])/g, "\\ge ");
   s = s.replace(/\\(?:infty|infinity)(?![a-zA-Z])/g, "\\infty ").replace(/\+\s*\\infty/g, "\\infty");
   s = s.trim().replace(/[.\s]+$/, "");
+  // "x = 2 \text{ or } x = 3", "2 and 3": a list of answers
+  s = s.replace(/\s*\\(?:text|mbox)\{\s*(?:or|and)\s*\}\s*/g, ",").replace(/\s+(?:or|and)\s+/g, ",");
   // units: "15 cm^2", "5.4 \text{ cents}", "\frac{270}7\text{ degrees}"
   for (let k = 0; k < 2; k++) {
     const t = TEXT_UNIT_TAIL.exec(s) ?? UNIT_TAIL.exec(s);
     if (t?.[1] && /\d|\\pi/.test(t[1])) s = t[1].trim();
   }
+  // any words after a plain number are a unit too: "18 apples", "42 red marbles"
+  const words = /^([+-]?\d[\d,]*(?:\.\d+)?)\s+[a-zA-Z]{3,}(?:\s+[a-zA-Z]+){0,3}$/.exec(s);
+  if (words) s = words[1]!;
   s = s.replace(TEXT_COMMANDS, "$1").replace(TEXT_COMMANDS, "$1");
   // "x = 5", "k=2", "x \in [-2, 7]": the value is the answer (only when the left side is one symbol)
   const lhs = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$/.exec(s);
@@ -153,6 +158,7 @@ export type AnswerNode =
   /** unordered: a bare list "1, -2", a set \{...\}, the two values of \pm, the pieces of a union */
   | { t: "set"; union: boolean; items: AnswerNode[] };
 
+const SINGLE_SYMBOL = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?$/;
 const OPEN = "([{";
 const CLOSE = ")]}";
 
@@ -243,7 +249,11 @@ export function parseAnswer(s: string, depth = 0): AnswerNode {
     return { t: "set", union: false, items };
   }
   const eq = splitTopLevel(s, "=");
-  if (eq.length === 2) return { t: "eq", lhs: eq[0]!, rhs: eq[1]! };
+  if (eq.length === 2) {
+    // an item "x=2" of a list "x=2,x=3" is its value, as a whole answer "x=2" is (normalizeAnswer)
+    if (SINGLE_SYMBOL.test(eq[0]!)) return parseAnswer(eq[1]!, depth + 1);
+    return { t: "eq", lhs: eq[0]!, rhs: eq[1]! };
+  }
   return { t: "atom", s };
 }
 
