@@ -287,8 +287,8 @@ function real(v: number): FastValue | null {
   return Number.isFinite(v) ? { kind: "real", v } : null;
 }
 
-/** Relative tolerance for numbers: answers are exact, so this only absorbs rounding of decimals. */
-export const REL_TOL = 1e-6;
+/** Relative tolerance for numbers: answers are exact, so this absorbs floating-point error only (0.333333 is not 1/3). */
+export const REL_TOL = 1e-9;
 
 export function fastEqual(a: FastValue, b: FastValue): boolean {
   if (a.kind === "int" && b.kind === "int") return a.v === b.v;
