@@ -2,7 +2,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { checkEnv } from "../src/flexmg/check.ts";
 import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
-import { createMathSuite, MathEnv, type MathProblem } from "../src/envs/math/env.ts";
+import { createMathSuite, MathEnv, type MathProblem, parseMathOptions } from "../src/envs/math/env.ts";
 import { closeSharedSymbolicPool } from "../src/envs/math/pool.ts";
 
 afterAll(() => closeSharedSymbolicPool());
@@ -196,5 +196,17 @@ describe("createMathSuite on the shared datasets", () => {
     });
     expect(suite.train.length).toBe(50);
     expect(suite.eval.length).toBe(20);
+  });
+});
+
+describe("parseMathOptions", () => {
+  it("accepts the math options and names a bad field", () => {
+    expect(parseMathOptions({ extract: "last-number", cutAfter: 2 })).toEqual({
+      extract: "last-number",
+      cutAfter: 2,
+    });
+    expect(parseMathOptions(undefined)).toEqual({});
+    expect(() => parseMathOptions({ extract: "first" })).toThrow(/^task\.options\.extract: /);
+    expect(() => parseMathOptions({ bogus: 1 })).toThrow(/^task\.options: .*bogus/);
   });
 });

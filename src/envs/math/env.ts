@@ -25,6 +25,7 @@
 //
 // Answer checking starts inside each answering agent's `act` (it overlaps with the sampling of the
 // other agents); the last `act` of the attempt awaits the checks.
+import { z } from "zod";
 import { TeamEpisode } from "../../flexmg/team.ts";
 import type {
   AgentId,
@@ -288,6 +289,26 @@ export class MathEnv implements Env<MathProblem> {
 
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
+/** The math-specific options a run config may give (task.options), validated at the edge. */
+export const MathOptionsSchema = z.strictObject({
+  cutAfter: z.number().int().positive().optional(),
+  extract: z.enum(["boxed", "answer", "last-number"]).optional(),
+  answerRoles: z.array(z.string()).min(1).optional(),
+  timeoutMs: z.number().positive().optional(),
+});
+
+/** Validates a config's task.options for math; errors name the field, e.g. `task.options.extract: ...`. */
+export function parseMathOptions(
+  options: unknown,
+  where = "task.options",
+): z.output<typeof MathOptionsSchema> {
+  const r = MathOptionsSchema.safeParse(options ?? {});
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  const path = [where, ...issue.path.map(String)].join(".");
+  throw new Error(`${path}: ${issue.message}`);
 }
 
 /** Math problems as a TaskSuite (files or problems given directly). */
