@@ -196,8 +196,8 @@ async function runIn(iso: Isolation, opts: SandboxOptions): Promise<SandboxResul
   if (!(opts.timeoutMs > 0)) throw new Error(`sandbox: timeoutMs must be > 0, got ${opts.timeoutMs}`);
   if (!(opts.memoryMb >= 32)) throw new Error(`sandbox: memoryMb must be >= 32, got ${opts.memoryMb}`);
   const maxOutput = opts.maxOutputBytes ?? 64 * 1024;
-  const asRoot = process.getuid?.() === 0;
-  const uid = asRoot ? takeUid() : null;
+  // A uid of its own needs root outside a user namespace (inside one, only uid 0 is mapped).
+  const uid = process.getuid?.() === 0 && iso.mode !== "userns" ? takeUid() : null;
   const workdir = await mkdtemp(join(tmpdir(), "marft-sbx-"));
   try {
     await writeFile(join(workdir, "main.py"), opts.code);
