@@ -13,7 +13,11 @@ import {
 import { type SymbolicPair, type SymbolicPool, sharedSymbolicPool } from "./pool.ts";
 
 export interface GradeOptions {
-  /** Time limit of the symbolic check in ms (default 2000); cheap checks are not limited. */
+  /**
+   * Time limit of the symbolic check in ms (default 2000), counted from when a worker takes the job:
+   * waiting for a free worker is bounded by the jobs ahead (each under its own limit), and a worker
+   * that cannot start fails its jobs after 30 s. The cheap synchronous checks run on bounded input.
+   */
   timeoutMs?: number;
   /** The pool to run symbolic checks in (default: the process-wide one). */
   pool?: SymbolicPool;

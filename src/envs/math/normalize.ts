@@ -81,6 +81,8 @@ export function normalizeAnswer(raw: string): string {
     .replace(/\u221e/g, "\\infty ")
     .replace(/\u221a/g, "\\sqrt")
     .replace(/\u00b0/g, "");
+  // markdown around an answer ("**42**", "`x+1`")
+  s = s.replace(/^(\*\*|__|`)(.*)\1$/s, "$2").trim();
   // math delimiters and spacing commands
   s = s.replace(/^\\\[|\\\]$/g, "").replace(/^\\\(|\\\)$/g, "");
   s = s.replace(/\\\$/g, "").replace(/\$/g, "");
