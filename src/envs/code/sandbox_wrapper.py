@@ -50,9 +50,21 @@ def check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    check(libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+def _bytes(s: str | None) -> bytes | None:
+    return s.encode() if s is not None else None
+
+
+def mount(
+    src: str | None,
+    target: str,
+    fstype: str | None,
+    flags: int,
+    data: str | None = None,
+) -> None:
+    ret = libc.mount(
+        _bytes(src), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags), _bytes(data)
+    )
+    check(ret, f"mount {target}")
 
 
 class MountAttr(ctypes.Structure):
@@ -89,9 +101,9 @@ def make_everything_read_only() -> None:
         keep = st.f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
         try:
             mount(None, mp, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
-        except OSError as e:
+        except OSError:
             if mp == "/":
-                raise e
+                raise
 
 
 def count_processes_of_current_user() -> int:
@@ -118,7 +130,8 @@ def setup(cfg: dict) -> bytes:
     with open(os.path.join(workdir, "main.py"), "rb") as f:
         code = f.read()
     if cfg["isolate_fs"]:
-        mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
+        # Private propagation: nothing we mount here leaks back to the host.
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
         make_everything_read_only()
         # The only writable place: a size-capped tmpfs over the work dir, private to this namespace,
         # so files the program writes vanish with it and never reach the host's disk.
@@ -137,7 +150,8 @@ def child(cfg: dict) -> None:
     """Runs in the forked child: drop everything, then exec the program. Never returns."""
     try:
         os.closerange(4, 65536)
-        os.set_inheritable(3, False)  # the report pipe closes at exec; setup errors still reach it
+        # The report pipe closes at exec; setup errors before it still reach it.
+        os.set_inheritable(3, False)
         cpu = max(1, int(cfg["timeout_s"] + 0.999))
         mem = cfg["memory_mb"] * 1024 * 1024
         fsize = cfg["file_mb"] * 1024 * 1024
