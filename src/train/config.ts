@@ -300,6 +300,12 @@ const Train = z
     roundRobinEvery: posInt()
       .default(1)
       .describe("agent-by-agent: iterations each agent trains before the next one"),
+    deterministic: z
+      .boolean({ error: "expected true or false" })
+      .default(true)
+      .describe(
+        "lock-step rollout: bit-reproducible on CPU (needed for exact resume); false overlaps more calls",
+      ),
     offPolicy: z
       .boolean({ error: "expected true or false" })
       .default(false)

@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { explainedVariance, mean, std, ZeroAdvantageDetector } from "../algo/index.ts";
 import { type EngineClient, EngineError, type Schemas } from "../client/client.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
-import type { Episode } from "../rollout/types.ts";
+import { checkStaleness } from "../rollout/index.ts";
 import {
   advantageEntries,
   assignValues,
@@ -142,13 +142,6 @@ export function tasksAt(seed: number, n: number, cursor: number, count: number):
   return out;
 }
 
-function stalenessError(ep: Episode, k: number, sampled: number, now: number): Error {
-  const t = ep.turns[k]!;
-  return new Error(
-    `turn ${k} of episode ${ep.index} (agent ${t.agent}) was sampled by adapter ${t.adapter} v${sampled}, but it is now v${now}: refusing stale data; set train.offPolicy to allow it`,
-  );
-}
-
 /** The trainer proper. `train()` below wires it to a run directory and an engine. */
 export class Trainer {
   state: TrainerState;
@@ -217,16 +210,13 @@ export class Trainer {
     row["tokens/sampled"] = stats.tokensSampled;
     row["throughput/sample_tokens_per_s"] = stats.tokensSampled / Math.max(stats.seconds, 1e-9);
 
+    row["rollout/engine_calls"] = stats.engineCalls;
+    row["rollout/mean_batch_size"] = stats.meanBatchSize;
+
     // ---- stale-data guard
-    if (!c.train.offPolicy) {
-      for (const ep of episodes) {
-        ep.turns.forEach((t, k) => {
-          const now = this.versions[t.adapter];
-          if (now !== undefined && t.adapterVersion !== now)
-            throw stalenessError(ep, k, t.adapterVersion, now);
-        });
-      }
-    }
+    row["rollout/stale_turns"] = checkStaleness(episodes, this.versions, {
+      offPolicy: c.train.offPolicy,
+    }).staleTurns;
 
     // ---- rewards
     const steps = makeSteps(episodes, this.roleOf, c.algo.rewardRouting);
