@@ -310,6 +310,23 @@ describe("CodeEnv", () => {
       },
     });
     expect(scripted).toEqual([]);
+    const testerTeam = [CODER, TESTER];
+    const tested = await checkEnv(
+      () => suite.makeEnv(testerTeam, { kind: "sequential" }),
+      suite.train.slice(0, 2),
+      {
+        seeds: [0],
+        policy: ({ agent, observation }) => {
+          const task = mbpp.find((q) => observation[1]!.content.includes(q.prompt))!;
+          // The tester's assert fails on the first round's wrong code, so the episode takes two rounds.
+          if (agent === "tester") return "```python\n" + task.tests[0] + "\n```";
+          return observation[1]!.content.includes("Round 1")
+            ? fence(task.reference!)
+            : fence("def nothing(): pass");
+        },
+      },
+    );
+    expect(tested).toEqual([]);
   });
 
   it("builds a suite from MBPP with a held-out split and limits", () => {
