@@ -1,0 +1,176 @@
+// The training loop against a real engine with the tiny random-init model: every estimator and
+// schedule runs and writes its metrics; frozen agents never change; checkpoints are complete.
+import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { startLocalEngine } from "../src/client/launcher.ts";
+import { loadRunConfig, type RunConfig } from "../src/train/config.ts";
+import { RunDir } from "../src/train/rundir.ts";
+import { setupEngine } from "../src/train/setup.ts";
+import { makeSuite } from "../src/train/tasks.ts";
+import { type MetricsRow, Trainer, tasksAt, train, updatingAdapters } from "../src/train/trainer.ts";
+import { createTinyBase, TEST_ENGINE_ENV, useEngine } from "./helpers/engine.ts";
+
+const CONFIG = join(import.meta.dirname, "..", "configs", "tiny-secret.yaml");
+
+function tinyConfig(sets: string[] = []): RunConfig {
+  return loadRunConfig(CONFIG, [
+    "train.iterations=2",
+    "train.tasksPerIter=4",
+    "train.samplesPerTask=2",
+    "train.checkpointEvery=1",
+    "eval.n=4",
+    ...sets,
+  ]);
+}
+
+async function runTiny(sets: string[] = []): Promise<{ rows: MetricsRow[]; dir: string; config: RunConfig }> {
+  const config = tinyConfig(sets);
+  const dir = join(mkdtempSync(join(tmpdir(), "marft-train-")), config.name);
+  await train({
+    config,
+    configDir: join(import.meta.dirname, "..", "configs"),
+    runDir: dir,
+    suite: await makeSuite(config.task, "."),
+    connect: () =>
+      startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
+  });
+  return { rows: new RunDir(dir).readMetrics() as MetricsRow[], dir, config };
+}
+
+const AGENT_KEYS = ["reward", "loss/policy", "kl", "clipfrac", "entropy"];
+
+function expectAgentKeys(row: MetricsRow, agent: string): void {
+  for (const k of AGENT_KEYS) expect(row, `${k}/${agent}`).toHaveProperty([`${k}/${agent}`]);
+  for (const k of ["mean", "std", "zero_frac"]) expect(row).toHaveProperty([`adv/${agent}/${k}`]);
+  for (const [k, v] of Object.entries(row)) expect(Number.isFinite(v), `${k} = ${v}`).toBe(true);
+}
+
+describe("schedules and data order (pure)", () => {
+  it("joint, agent-by-agent round robin and critic warm-up pick the right adapters", () => {
+    const joint = tinyConfig();
+    expect([0, 1, 2].map((i) => updatingAdapters(joint, i))).toEqual([
+      ["speaker", "listener"],
+      ["speaker", "listener"],
+      ["speaker", "listener"],
+    ]);
+    const rr = tinyConfig([
+      "train.schedule=agent-by-agent",
+      "train.roundRobinEvery=2",
+      "critic.warmupIters=1",
+    ]);
+    expect([0, 1, 2, 3, 4, 5].map((i) => updatingAdapters(rr, i))).toEqual([
+      [],
+      ["speaker"],
+      ["speaker"],
+      ["listener"],
+      ["listener"],
+      ["speaker"],
+    ]);
+    const frozen = tinyConfig(["agents[1].trainable=false"]);
+    expect(updatingAdapters(frozen, 0)).toEqual(["speaker"]);
+  });
+
+  it("the task stream visits every task once per epoch, reproducibly", () => {
+    const a = tasksAt(3, 10, 0, 30);
+    expect(tasksAt(3, 10, 0, 30)).toEqual(a);
+    for (let e = 0; e < 3; e++)
+      expect([...a.slice(e * 10, e * 10 + 10)].sort((x, y) => x - y)).toEqual([...Array(10).keys()]);
+    // a cursor in the middle continues the same stream (what resume relies on)
+    expect(tasksAt(3, 10, 7, 9)).toEqual(a.slice(7, 16));
+    expect(tasksAt(4, 10, 0, 10)).not.toEqual(a.slice(0, 10));
+  });
+});
+
+describe("one run per estimator and schedule (real engine, tiny model)", () => {
+  it("MARFT-A, joint: writes every metric, checkpoints, summary", async () => {
+    const { rows, dir } = await runTiny();
+    expect(rows).toHaveLength(2);
+    for (const row of rows) {
+      for (const a of ["speaker", "listener"]) expectAgentKeys(row, a);
+      for (const k of [
+        "reward/mean",
+        "value/explained_variance",
+        "loss/value",
+        "time/rollout",
+        "time/policy",
+        "time/critic",
+        "throughput/sample_tokens_per_s",
+        "tokens/sampled",
+      ]) {
+        expect(row).toHaveProperty([k]);
+      }
+      expect(row["optim_steps/speaker"]).toBe(2); // epochs 2 x minibatches 1
+    }
+    expect(rows[1]).toHaveProperty(["eval/accuracy"]);
+    const run = new RunDir(dir);
+    expect(run.listCheckpoints().map((c) => c.iteration)).toEqual([1, 2]);
+    const latest = run.latestCheckpoint()!;
+    expect(latest.state.iteration).toBe(2);
+    expect(latest.state.metricsLines).toBe(2);
+    expect(existsSync(join(latest.path, "engine", "manifest.json"))).toBe(true);
+    // speaker, listener: 2 optimizer steps per iteration; critic likewise
+    expect(latest.state.adapterVersions).toMatchObject({ speaker: 4, listener: 4, critic: 4 });
+    const summary = JSON.parse(readFileSync(run.summaryPath, "utf8"));
+    expect(summary.iterations).toBe(2);
+    expect(summary.eval.after.n).toBe(4);
+    expect(readFileSync(run.configPath, "utf8")).toContain("name: tiny-secret");
+  });
+
+  it("MARFT-T: token-level values and advantages", async () => {
+    const { rows } = await runTiny(["algo.estimator=marft-t", "train.iterations=1"]);
+    expectAgentKeys(rows[0]!, "listener");
+    expect(rows[0]).toHaveProperty(["value/explained_variance"]);
+  });
+
+  it("critic-free: group baselines, no critic", async () => {
+    const { rows } = await runTiny(["algo.estimator=critic-free", "train.iterations=1", "ppo.klCoef=0.05"]);
+    expectAgentKeys(rows[0]!, "speaker");
+    expect(rows[0]).not.toHaveProperty(["loss/value"]);
+    expect(rows[0]).toHaveProperty(["kl_ref/speaker"]);
+  });
+
+  it("agent-by-agent after a critic warm-up: one agent per iteration, the critic always", async () => {
+    const { rows } = await runTiny([
+      "train.schedule=agent-by-agent",
+      "critic.warmupIters=1",
+      "train.iterations=3",
+      "train.checkpointEvery=0",
+    ]);
+    expect(rows.map((r) => ["speaker", "listener"].filter((a) => `loss/policy/${a}` in r))).toEqual([
+      [],
+      ["speaker"],
+      ["listener"],
+    ]);
+    for (const r of rows) expect(r).toHaveProperty(["loss/value"]);
+  });
+});
+
+describe("frozen agents", () => {
+  const eng = useEngine();
+
+  it("a frozen agent's adapter stays bit-identical while the others train", async () => {
+    const config = tinyConfig(["agents[1].trainable=false"]);
+    await createTinyBase(eng.client, "tiny", 0);
+    await setupEngine(eng.client, config);
+    const probe = { data: [{ tokens: [10, 20, 30, 40, 50, 60, 70] }], temperature: 1 };
+    const before = await Promise.all(
+      ["speaker", "listener"].map((a) => eng.client.forward({ adapter: a, ...probe })),
+    );
+    const trainer = new Trainer(config, await makeSuite(config.task, "."), eng.client);
+    await trainer.syncVersions();
+    const row = await trainer.iteration();
+    expect(row).toHaveProperty(["loss/policy/speaker"]);
+    expect(row).not.toHaveProperty(["loss/policy/listener"]);
+    const after = await Promise.all(
+      ["speaker", "listener"].map((a) => eng.client.forward({ adapter: a, ...probe })),
+    );
+    expect(after[1]!.results[0]!.logprobs).toEqual(before[1]!.results[0]!.logprobs);
+    expect(after[0]!.results[0]!.logprobs).not.toEqual(before[0]!.results[0]!.logprobs);
+    const versions = Object.fromEntries(
+      (await eng.client.listAdapters()).adapters.map((a) => [a.name, a.version]),
+    );
+    expect(versions).toMatchObject({ listener: 0, speaker: 2 });
+  });
+});
