@@ -4,10 +4,10 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import { EngineClient, EngineError } from "../src/client/client.ts";
 import { connectEngine, startLocalEngine } from "../src/client/launcher.ts";
-import { createPolicy, createTinyBase, TEST_ENGINE_ENV, useEngine } from "./helpers/engine.ts";
+import { createPolicy, createTinyBase, useEngine } from "./helpers/engine.ts";
 
 const eng = useEngine();
 const tmp = mkdtempSync(join(tmpdir(), "marft-client-test-"));
@@ -164,7 +164,8 @@ describe("EngineClient retries", () => {
 
 describe("launcher", () => {
   it("stop() ends the engine process", async () => {
-    const e = await startLocalEngine({ device: "cpu", logFile: join(tmp, "a.log"), env: TEST_ENGINE_ENV });
+    // The shared engine of this file, in its last use: stopping it saves starting another one.
+    const e = eng.engine;
     const pid = e.process!.pid!;
     expect((await e.client.health()).status).toBe("ok");
     await e.stop();
@@ -181,15 +182,52 @@ describe("launcher", () => {
     );
   });
 
-  it("the engine is stopped when the program dies of an uncaught exception", async () => {
-    const script = join(tmp, "crashing.mts");
+  /**
+   * A stand-in engine process for the exit-hook tests: it speaks the launcher's protocol (ready line,
+   * bearer-checked /v1/health) but, unlike the real engine, has no --parent-pid watch, so only the
+   * launcher's hooks can stop it (with the real engine the watch would hide a broken hook), and it
+   * starts in milliseconds.
+   */
+  const standIn = join(tmp, "stand-in-engine.py");
+  writeFileSync(
+    standIn,
+    `#!/usr/bin/env python3
+import http.server, json, os, sys
+token = os.environ["MARFT_ENGINE_TOKEN"]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("authorization") == "Bearer " + token
+        body = json.dumps({"status": "ok", "version": "0", "device": "cpu"} if ok else {"error": "unauthorized", "message": "token"}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(json.dumps({"event": "ready", "url": "http://127.0.0.1:%d" % s.server_port}), flush=True)
+s.serve_forever()
+`,
+  );
+  chmodSync(standIn, 0o755);
+
+  // A failing hook test must not leave stand-ins running (they have no parent watch).
+  const standIns: number[] = [];
+  afterAll(() => {
+    for (const pid of standIns) if (alive(pid)) process.kill(pid, "SIGKILL");
+  });
+
+  /** Runs a script that starts a (stand-in) engine, prints its pid, then does `then`. */
+  async function inChild(name: string, then: string) {
+    const script = join(tmp, `${name}.mts`);
     const launcher = join(process.cwd(), "src/client/launcher.ts");
     writeFileSync(
       script,
       `import { startLocalEngine } from ${JSON.stringify(launcher)};\n` +
-        `const e = await startLocalEngine({ device: "cpu", logFile: ${JSON.stringify(join(tmp, "c.log"))}, env: { OMP_NUM_THREADS: "1" } });\n` +
+        `const e = await startLocalEngine({ python: ${JSON.stringify(standIn)}, logFile: ${JSON.stringify(join(tmp, `${name}.log`))} });\n` +
         "console.log(String(e.process.pid));\n" +
-        'setTimeout(() => { throw new Error("crash"); }, 50);\n',
+        then,
     );
     const child = spawn(join(process.cwd(), "node_modules/.bin/tsx"), [script], {
       stdio: ["ignore", "pipe", "pipe"],
@@ -198,10 +236,38 @@ describe("launcher", () => {
     child.stdout.on("data", (d) => {
       out += d;
     });
-    const code = await new Promise<number | null>((r) => child.on("exit", r));
-    expect(code).not.toBe(0);
-    const pid = Number(out.trim());
-    expect(pid).toBeGreaterThan(0);
-    expect(await waitDead(pid)).toBe(true);
+    const [code, signal] = await new Promise<[number | null, string | null]>((r) =>
+      child.on("exit", (c, s) => r([c, s])),
+    );
+    const pid = Number(out.trim().split("\n")[0]);
+    if (pid > 0) standIns.push(pid);
+    return { code, signal, lines: out.trim().split("\n"), pid };
+  }
+
+  it("the engine is stopped when the program dies of an uncaught exception", async () => {
+    const r = await inChild("crashing", 'setTimeout(() => { throw new Error("crash"); }, 50);\n');
+    expect(r.code).not.toBe(0);
+    expect(r.pid).toBeGreaterThan(0);
+    expect(await waitDead(r.pid)).toBe(true);
+  });
+
+  it("Ctrl-C: with the program's own handler the engine serves until the program exits; without, both stop", async () => {
+    // The trainer's case: its SIGINT handler still reaches the engine (to save a checkpoint).
+    const own = await inChild(
+      "own-handler",
+      'process.on("SIGINT", async () => { console.log((await e.client.health()).status); process.exit(0); });\n' +
+        'process.kill(process.pid, "SIGINT");\nsetInterval(() => {}, 1000);\n',
+    );
+    expect(own.code).toBe(0);
+    expect(own.lines[1]).toBe("ok");
+    expect(await waitDead(own.pid)).toBe(true);
+    // No handler: Node's default (die of SIGINT), and the engine goes with it.
+    const plain = await inChild(
+      "no-handler",
+      'process.kill(process.pid, "SIGINT");\nsetInterval(() => {}, 1000);\n',
+    );
+    // (tsx relays the child's death by SIGINT as exit code 130.)
+    expect(plain.signal === "SIGINT" || plain.code === 130).toBe(true);
+    expect(await waitDead(plain.pid)).toBe(true);
   });
 });
