@@ -1,0 +1,99 @@
+// Resume: a run killed with SIGKILL after its first checkpoint and resumed with --resume writes the
+// same metrics.jsonl as an uninterrupted run with the same seed (ignoring time/* and throughput/*).
+import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { RunDir } from "../src/train/rundir.ts";
+import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+
+const ROOT = join(import.meta.dirname, "..");
+const SETS = [
+  "--set",
+  "train.iterations=4",
+  "--set",
+  "train.checkpointEvery=1",
+  "--set",
+  "train.tasksPerIter=4",
+  "--set",
+  "eval.n=4",
+  "--set",
+  "train.evalEvery=2",
+];
+
+function marft(args: string[]): ChildProcess {
+  return spawn(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
+    cwd: ROOT,
+    env: { ...process.env, ...TEST_ENGINE_ENV },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+}
+
+function finish(
+  child: ChildProcess,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> {
+  let out = "";
+  child.stdout?.on("data", (d) => (out += d));
+  child.stderr?.on("data", (d) => (out += d));
+  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal, out })));
+}
+
+const comparable = (rows: Array<Record<string, unknown>>) =>
+  rows.map((r) =>
+    Object.fromEntries(
+      Object.entries(r).filter(([k]) => !k.startsWith("time/") && !k.startsWith("throughput/")),
+    ),
+  );
+
+describe("resume after SIGKILL", () => {
+  it("reproduces the uninterrupted run's metrics exactly", async () => {
+    const tmp = mkdtempSync(join(tmpdir(), "marft-resume-"));
+    const whole = join(tmp, "whole");
+    const killed = join(tmp, "killed");
+    const config = join(ROOT, "configs", "tiny-secret.yaml");
+
+    const a = await finish(marft(["train", config, "--run-dir", whole, "--quiet", ...SETS]));
+    expect(a.code, a.out).toBe(0);
+
+    const child = marft(["train", config, "--run-dir", killed, "--quiet", ...SETS]);
+    const done = finish(child);
+    const latest = join(killed, "checkpoints", "latest");
+    const atSecond = () => existsSync(latest) && readFileSync(latest, "utf8").trim() === "iter_2";
+    await new Promise<void>((resolve, reject) => {
+      const t = setInterval(() => {
+        if (atSecond()) {
+          clearInterval(t);
+          child.kill("SIGKILL");
+          resolve();
+        } else if (child.exitCode !== null) {
+          clearInterval(t);
+          reject(new Error("the run ended before its second checkpoint"));
+        }
+      }, 20);
+    });
+    const k = await done;
+    expect(k.signal).toBe("SIGKILL");
+    expect(new RunDir(killed).latestCheckpoint()!.state.iteration).toBeGreaterThanOrEqual(2);
+    expect(new RunDir(killed).latestCheckpoint()!.state.iteration).toBeLessThan(4);
+
+    const b = await finish(marft(["train", "--resume", killed, "--quiet"]));
+    expect(b.code, b.out).toBe(0);
+    expect(b.out).toMatch(/resuming .* from iteration [23]/);
+
+    const ra = new RunDir(whole).readMetrics();
+    const rb = new RunDir(killed).readMetrics();
+    expect(rb).toHaveLength(4);
+    expect(comparable(rb)).toEqual(comparable(ra));
+    const sa = JSON.parse(readFileSync(new RunDir(whole).summaryPath, "utf8"));
+    const sb = JSON.parse(readFileSync(new RunDir(killed).summaryPath, "utf8"));
+    expect(sb.eval.after).toEqual(sa.eval.after);
+  });
+
+  it("--resume on a directory without a checkpoint is a clear error", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "marft-noresume-"));
+    const r = await finish(marft(["train", "--resume", dir, "--quiet"]));
+    expect(r.code).not.toBe(0);
+    expect(r.out).toMatch(/config\.yaml: invalid run config\n {2}cannot read the file \(ENOENT\)/);
+  });
+});
