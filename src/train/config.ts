@@ -161,7 +161,7 @@ const SyntheticTask = <K extends string>(kind: K, what: string) =>
     })
     .describe(what);
 
-const FileTask = <K extends string>(kind: K, what: string, extra: z.core.$ZodLooseShape) =>
+const FileTask = <K extends string, E extends z.core.$ZodLooseShape>(kind: K, what: string, extra: E) =>
   z
     .strictObject({
       kind: z.literal(kind),

@@ -2,6 +2,8 @@
 // not need a registry.
 import { isAbsolute, resolve } from "node:path";
 import type { TaskSuite } from "../flexmg/types.ts";
+import { createCodeSuite } from "../envs/code/env.ts";
+import { createMathSuite, parseMathOptions } from "../envs/math/env.ts";
 import { orchestratedSuite, secretSuite, voteSuite } from "../envs/synthetic/index.ts";
 import type { TaskConfig } from "./config.ts";
 
@@ -31,10 +33,37 @@ export async function makeSuite(task: TaskConfig, baseDir: string): Promise<Task
         evalSize: task.evalSize,
       }) as TaskSuite<unknown>;
     case "math":
-    case "code":
-      throw new Error(
-        `task.kind: "${task.kind}" tasks are not available in this build yet (baseDir ${baseDir})`,
-      );
+      return createMathSuite({
+        trainFile: resolveFrom(baseDir, task.trainFile),
+        ...(task.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, task.evalFile) } : {}),
+        evalSplit: task.evalSplit,
+        limit: task.limit,
+        evalLimit: task.evalLimit,
+        attempts: task.attempts,
+        ...parseMathOptions(task.options),
+      }) as TaskSuite<unknown>;
+    case "code": {
+      const { visibleTests, ...rest } = task.options;
+      const unknown = Object.keys(rest);
+      if (unknown.length > 0)
+        throw new Error(`task.options.${unknown[0]}: unknown option of code tasks (known: visibleTests)`);
+      if (visibleTests !== undefined && !(Number.isInteger(visibleTests) && (visibleTests as number) >= 0)) {
+        throw new Error(
+          `task.options.visibleTests: expected a non-negative integer, got ${JSON.stringify(visibleTests)}`,
+        );
+      }
+      return createCodeSuite({
+        trainFile: resolveFrom(baseDir, task.trainFile),
+        ...(task.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, task.evalFile) } : {}),
+        evalSplit: task.evalSplit,
+        limit: task.limit,
+        evalLimit: task.evalLimit,
+        attempts: task.attempts,
+        timeoutMs: task.timeoutMs,
+        memoryMb: task.memoryMb,
+        ...(visibleTests !== undefined ? { visibleTests: visibleTests as number } : {}),
+      }) as TaskSuite<unknown>;
+    }
   }
 }
 
