@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import { EngineClient } from "../src/client/client.ts";
-import { type SecretTask, secretSuite, voteSuite } from "../src/envs/synthetic/index.ts";
+import { orchestratedSuite, type SecretTask, secretSuite, voteSuite } from "../src/envs/synthetic/index.ts";
 import type { AgentSpec, Env, GraphSpec } from "../src/flexmg/types.ts";
 import {
   type AgentProfile,
@@ -141,6 +141,43 @@ describe("rollout against a real engine", () => {
     expect(stats.turns).toBe(24);
     expect(stats.meanBatchSize).toBeGreaterThanOrEqual(2);
     await checkParity(episodes);
+  });
+
+  it("orchestrated (dynamic graph): the routed worker's turn sees the orchestrator; greedy turns record temperature 1", async () => {
+    const orch = orchestratedSuite({ trainSize: 4 });
+    const team: AgentSpec[] = [
+      { id: "speaker", role: "orchestrator", systemPrompt: "O" },
+      { id: "s1", role: "alice", systemPrompt: "A" },
+      { id: "s2", role: "bob", systemPrompt: "B" },
+    ];
+    const greedy = {
+      ...profiles,
+      speaker: { adapter: "speaker", sampling: { temperature: 0, max_new_tokens: 3 } },
+    };
+    const { episodes } = await rollout({
+      client: eng.client,
+      makeEnv: () => orch.makeEnv(team, { kind: "dynamic" }),
+      tasks: orch.train,
+      taskId: orch.taskId,
+      profiles: greedy,
+      seed: 2,
+    });
+    for (const ep of episodes) {
+      expect(ep.turns[0]!.agent).toBe("speaker");
+      expect(ep.turns[0]!.temperature).toBe(1);
+      if (ep.turns.length === 2) {
+        expect(ep.turns[1]!.agent).toBe(ep.info["chosen"]);
+        expect(ep.turns[1]!.parents).toEqual(["speaker"]);
+      }
+    }
+    // Greedy: the orchestrator says the same thing for the same prompt.
+    const byPrompt = new Map<string, string>();
+    for (const ep of episodes) {
+      const t = ep.turns[0]!;
+      const key = t.promptIds.join(",");
+      expect(byPrompt.get(key) ?? t.text).toBe(t.text);
+      byPrompt.set(key, t.text);
+    }
   });
 
   it("the same seed reproduces the same episodes (deterministic mode); another seed does not", async () => {
