@@ -6,6 +6,7 @@ import { describe, expect, it } from "vitest";
 import { type CodeProblem, entryPointOf, loadCodeProblems } from "../src/envs/code/data.ts";
 import {
   CodeEnv,
+  codeSuiteFromConfig,
   createCodeSuite,
   defaultMbppFile,
   extractCode,
@@ -337,5 +338,16 @@ describe("CodeEnv", () => {
     expect(suite.eval[0]!.id).toBe(mbpp[377]!.id);
     expect(suite.taskId(suite.train[0]!)).toBe("mbpp-2");
     expect(() => new CodeEnv([CODER], { kind: "dynamic" })).toThrow(/dynamic/);
+  });
+
+  it("builds a suite from config values, naming a bad field", () => {
+    const suite = codeSuiteFromConfig({ evalSplit: 20, limit: 3, attempts: 2, visibleTests: 1 }, pool);
+    expect(suite.train.map((p) => p.id)).toEqual(["mbpp-2", "mbpp-3", "mbpp-4"]);
+    expect(suite.eval).toHaveLength(20);
+    expect(() => codeSuiteFromConfig({ timeoutMs: -5 })).toThrow(/field "timeoutMs"/);
+    expect(() => codeSuiteFromConfig({ visibleTest: 1 })).toThrow(/visibleTest/);
+    expect(() => codeSuiteFromConfig({ trainFile: join(dir, "nope.jsonl") })).toThrow(
+      /nope\.jsonl: cannot read/,
+    );
   });
 });

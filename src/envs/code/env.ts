@@ -25,6 +25,7 @@
 // signature, and (only if `visibleTests` > 0) that many of the tests.
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { z } from "zod";
 import { holdOutLast } from "../datasets.ts";
 import { TeamEpisode } from "../../flexmg/team.ts";
 import type {
@@ -340,4 +341,29 @@ export function createCodeSuite(opts: CodeSuiteOptions = {}): TaskSuite<CodeProb
     taskId: (p) => p.id,
     makeEnv: (agents, graph) => new CodeEnv(agents, graph, envOpts),
   };
+}
+
+const posInt = () => z.number().int().positive();
+/** The suite's options as a run config gives them (task fields plus `options`); unknown keys are errors. */
+export const CodeSuiteConfig = z.strictObject({
+  trainFile: z.string().min(1).optional(),
+  evalFile: z.string().min(1).optional(),
+  evalSplit: z.number().int().nonnegative().optional(),
+  limit: posInt().optional(),
+  evalLimit: posInt().optional(),
+  attempts: posInt().optional(),
+  timeoutMs: posInt().optional(),
+  memoryMb: z.number().int().min(32).optional(),
+  visibleTests: z.number().int().nonnegative().optional(),
+});
+
+/** createCodeSuite from untrusted config values, with errors that name the field. */
+export function codeSuiteFromConfig(raw: unknown, pool?: SandboxPool): TaskSuite<CodeProblem> {
+  const r = CodeSuiteConfig.safeParse(raw);
+  if (!r.success) {
+    const issue = r.error.issues[0]!;
+    const field = issue.path.map(String).join(".");
+    throw new Error(`code task: ${field ? `field "${field}": ` : ""}${issue.message}`);
+  }
+  return createCodeSuite({ ...r.data, ...(pool ? { pool } : {}) });
 }
