@@ -1,6 +1,6 @@
 // The sandbox contains each classic escape (DESIGN §7). Every test is bounded to a few seconds.
 import { randomBytes } from "node:crypto";
-import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { chmodSync, existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -158,6 +158,32 @@ for host, port in [("127.0.0.1", ${port}), ("1.1.1.1", 53), ("8.8.8.8", 443)]:
       }
     },
   );
+
+  it.skipIf(!namespaces)("a host unix socket in /tmp, open to everyone, is not reachable", async () => {
+    const path = `/tmp/marft-sock-${randomBytes(6).toString("hex")}`;
+    let connections = 0;
+    const server = createServer((s) => {
+      connections++;
+      s.destroy();
+    });
+    await new Promise<void>((resolve) => server.listen(path, resolve));
+    chmodSync(path, 0o777);
+    try {
+      const code = `import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(${JSON.stringify(path)})
+    print("CONNECTED")
+except OSError as e:
+    print("FAILED", e.errno)
+`;
+      const r = await py(code);
+      expect(r.stdout).toMatch(/^FAILED \d+$/m);
+      expect(connections).toBe(0);
+    } finally {
+      server.close();
+    }
+  });
 
   it("writing outside the sandbox fails or lands nowhere the parent sees", async () => {
     const tag = randomBytes(6).toString("hex");

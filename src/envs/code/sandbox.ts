@@ -7,8 +7,10 @@
 // What is enforced, in the "root" mode (we run as root, as in CI):
 // - no network: a fresh network namespace with only a loopback device that is down, so neither
 //   127.0.0.1 (the host's loopback is another namespace) nor any outside address is reachable;
-// - no writes outside the sandbox: every mount is read-only in a private mount namespace; the only
-//   writable place is a size-capped tmpfs over the work dir, which vanishes with the namespace;
+// - no writes outside the sandbox: every mount is read-only in a private mount namespace; /tmp,
+//   /var/tmp, /run and /dev/shm are empty read-only tmpfs (so host unix sockets there, which a
+//   network namespace does not cover, are out of reach); the only writable place is a size-capped
+//   tmpfs over the work dir, which vanishes with the namespace;
 // - an unprivileged uid of its own (no supplementary groups, no_new_privs), so RLIMIT_NPROC caps
 //   this program's processes without touching other sandboxes, and file permissions apply;
 // - a fresh pid namespace and /proc: the program sees only its own processes, and when it exits (or

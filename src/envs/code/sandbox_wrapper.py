@@ -124,6 +124,26 @@ def count_processes_of_current_user() -> int:
     return n
 
 
+# Where host processes leave unix sockets (connect() needs no writable filesystem, and a network
+# namespace does not cover them) and shared scratch files: replaced by empty read-only tmpfs.
+HIDDEN_DIRS = ["/tmp", "/var/tmp", "/run", "/dev/shm"]
+
+
+def hide_shared_dirs(workdir: str) -> None:
+    for d in HIDDEN_DIRS:
+        if os.path.islink(d) or not os.path.isdir(d):
+            continue
+        mount(
+            "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755"
+        )
+        if workdir.startswith(d + "/"):
+            os.makedirs(
+                workdir, exist_ok=True
+            )  # the mount point of the work dir's own tmpfs
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        mount(None, d, None, flags)
+
+
 def setup(cfg: dict) -> bytes:
     """Builds the sandbox around cfg['workdir']; returns the program's source."""
     workdir = cfg["workdir"]
@@ -133,6 +153,7 @@ def setup(cfg: dict) -> bytes:
         # Private propagation: nothing we mount here leaks back to the host.
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         make_everything_read_only()
+        hide_shared_dirs(workdir)
         # The only writable place: a size-capped tmpfs over the work dir, private to this namespace,
         # so files the program writes vanish with it and never reach the host's disk.
         owner = cfg["uid"] if cfg["uid"] is not None else 0
