@@ -1,0 +1,151 @@
+// The train / eval / engine commands as a user runs them: `node bin/marft.mjs ...`.
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { formatNumber, Progress, table } from "../src/cli/progress.ts";
+import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+
+const ROOT = join(import.meta.dirname, "..");
+const CONFIG = join(ROOT, "configs", "tiny-secret.yaml");
+
+function marft(args: string[]) {
+  return spawnSync(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
+    cwd: ROOT,
+    env: { ...process.env, ...TEST_ENGINE_ENV },
+    encoding: "utf8",
+    timeout: 120_000,
+  });
+}
+
+describe("config errors", () => {
+  it("exit 2 with the zod path message and no stack trace", () => {
+    const r = marft(["train", CONFIG, "--set", "agents[1].adapter.r=eight", "--set", "train.bogus=1"]);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toBe(
+      `${CONFIG}: invalid run config\n` +
+        '  agents[1].adapter.r: expected a positive integer, got "eight"\n' +
+        "  train.bogus: unknown key\n",
+    );
+  });
+
+  it("bad usage exits 2 with the usage text", () => {
+    const r = marft(["train"]);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain("usage: marft train");
+    expect(marft(["eval", CONFIG, "--n", "x"]).stderr).toContain(
+      '--n: expected a non-negative integer, got "x"',
+    );
+  });
+});
+
+describe("train and eval from the command line", () => {
+  it("trains, prints a summary table, and evaluates the run's checkpoint", () => {
+    const dir = join(mkdtempSync(join(tmpdir(), "marft-cli-")), "run");
+    const t = marft([
+      "train",
+      CONFIG,
+      "--run-dir",
+      dir,
+      "--set",
+      "train.iterations=1",
+      "--set",
+      "train.tasksPerIter=4",
+      "--set",
+      "eval.n=4",
+    ]);
+    expect(t.status, t.stderr).toBe(0);
+    expect(t.stdout).toMatch(/summary\s+value/);
+    expect(t.stdout).toMatch(/eval accuracy after\s+[\d.]+/);
+    expect(t.stdout).toContain(`run directory: ${dir}`);
+    const summary = JSON.parse(readFileSync(join(dir, "summary.json"), "utf8"));
+
+    const out = join(dir, "eval.json");
+    const e = marft(["eval", dir, "--n", "4", "--json", out]);
+    expect(e.status, e.stderr).toBe(0);
+    expect(e.stdout).toMatch(/team\s+checkpoint .*iter_1 \(iteration 1\)/);
+    const r = JSON.parse(readFileSync(out, "utf8"));
+    expect(r.problems).toHaveLength(4);
+    expect(r.problems[0].transcript.length).toBeGreaterThan(0);
+    // greedy evaluation of the same checkpoint on the same problems gives the training run's figure
+    expect(r.accuracy).toBe(summary.eval.after.accuracy);
+
+    const again = marft(["train", CONFIG, "--run-dir", dir, "--set", "train.iterations=1"]);
+    expect(again.status).toBe(1);
+    expect(again.stderr).toContain("already holds a run: resume it with --resume");
+  });
+
+  it("--data is refused for generated tasks", () => {
+    const r = marft(["eval", CONFIG, "--data", "x.jsonl"]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('--data: task "secret" generates its problems');
+  });
+});
+
+describe("marft engine serve", () => {
+  it("prints the URL and token, and stops on SIGTERM", async () => {
+    const child = spawn(
+      process.execPath,
+      [join(ROOT, "bin", "marft.mjs"), "engine", "serve", "--port", "0", "--device", "cpu"],
+      {
+        cwd: ROOT,
+        env: { ...process.env, ...TEST_ENGINE_ENV, MARFT_ENGINE_TOKEN: "" },
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
+    let out = "";
+    child.stdout.on("data", (d) => (out += d));
+    await new Promise<void>((resolve, reject) => {
+      const t = setInterval(() => {
+        if (/token: \S+/.test(out)) {
+          clearInterval(t);
+          resolve();
+        }
+        if (child.exitCode !== null) reject(new Error(`engine serve exited: ${out}`));
+      }, 50);
+    });
+    const url = /url: +(\S+)/.exec(out)![1]!;
+    const token = /token: +(\S+)/.exec(out)![1]!;
+    const health = await fetch(`${url}/v1/health`, { headers: { authorization: `Bearer ${token}` } });
+    expect(health.status).toBe(200);
+    child.kill("SIGTERM");
+    const code = await new Promise((resolve) => child.on("exit", (c, s) => resolve(c ?? s)));
+    expect(code).not.toBeNull();
+  });
+});
+
+describe("progress and tables", () => {
+  it("plain lines for non-TTY streams, a bar on a TTY", () => {
+    const lines: string[] = [];
+    const plain = new Progress("train", 4, {
+      stream: { write: (s: string) => lines.push(s) },
+      plainEveryMs: 1e9,
+    });
+    plain.update(1);
+    plain.update(2, "reward 0.5");
+    plain.finish();
+    // the first update prints (lastPlain starts at 0), then only the final line
+    expect(lines).toHaveLength(2);
+    expect(lines[1]).toMatch(/^train \[#{12}\.{12}\] 2\/4 {2}[\d.]+s {2}reward 0\.5\n$/);
+    const tty: string[] = [];
+    const bar = new Progress("eval", 2, {
+      stream: { write: (s: string) => tty.push(s), isTTY: true, columns: 80 },
+    });
+    bar.tick();
+    expect(tty[0]).toMatch(/^\r\x1b\[2Keval \[#{12}\.{12}\] 1\/2/);
+  });
+
+  it("aligns a table", () => {
+    expect(
+      table(
+        [
+          ["a", 1],
+          ["bb", 0.5],
+        ],
+        ["k", "v"],
+      ),
+    ).toBe("k        v\n--  ------\na        1\nbb  0.5000\n");
+    expect(formatNumber(1e-5)).toBe("1.00e-5");
+  });
+});
