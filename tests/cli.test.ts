@@ -133,7 +133,7 @@ describe("progress and tables", () => {
       stream: { write: (s: string) => tty.push(s), isTTY: true, columns: 80 },
     });
     bar.tick();
-    expect(tty[0]).toMatch(/^\r\x1b\[2Keval \[#{12}\.{12}\] 1\/2/);
+    expect(tty[0]!.startsWith("\r\u001b[2Keval [############............] 1/2")).toBe(true);
   });
 
   it("aligns a table", () => {
