@@ -27,16 +27,11 @@ import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "engine"))
-
-from marft_engine.engine import Engine  # noqa: E402
-from marft_engine.models import load_smollm2  # noqa: E402
-from marft_engine.schemas import (  # noqa: E402
+from marft_engine.engine import Engine
+from marft_engine.models import load_smollm2
+from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
-    ChatMessage,
     Datum,
     ForwardBackwardRequest,
     ForwardRequest,
