@@ -621,7 +621,7 @@ class Engine:
                     write_peft_dir(a, d)
                     if a.value_head is not None:
                         save_file(
-                            {k: v.contiguous() for k, v in a.value_head.state_dict().items()},
+                            {k: v.detach().cpu().contiguous() for k, v in a.value_head.state_dict().items()},
                             d / "value_head.safetensors",
                         )
                     torch.save(a.optimizer.state_dict(), d / "optimizer.pt")
@@ -637,14 +637,14 @@ class Engine:
                     }
                     b = a.base
                     manifest["bases"][b.name] = {"source": b.source, "seed": b.seed}
-                torch.save(
-                    {
-                        "torch": torch.get_rng_state(),
-                        "python": random.getstate(),
-                        "numpy": np.random.get_state(),
-                    },
-                    tmp / "rng.pt",
-                )
+                rng = {
+                    "torch": torch.get_rng_state(),
+                    "python": random.getstate(),
+                    "numpy": np.random.get_state(),
+                }
+                if torch.cuda.is_available():
+                    rng["cuda"] = torch.cuda.get_rng_state_all()
+                torch.save(rng, tmp / "rng.pt")
                 (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
                 if target.exists():
                     # os.replace cannot swap a directory onto a non-empty one: move the old one aside first.
@@ -714,6 +714,8 @@ class Engine:
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
             np.random.set_state(rng["numpy"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
             return CheckpointResponse(path=str(root), adapters=names)
 
     # ------------------------------------------------------------------------------------------------

@@ -72,12 +72,18 @@ class Row:
 
 @dataclass
 class Running:
-    """The decode batch of one base: rows, their KV cache [B, H, L, D] per layer, padding mask [B, L]."""
+    """The decode batch of one base: rows, their KV cache ([B, H, L, D] per layer), padding mask [B, L].
+
+    The cache object lives as long as the batch's membership does; it is rebuilt only when rows join
+    or leave (rebuilding copies every layer)."""
 
     rows: list[Row]
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    cache: DynamicCache
     mask: torch.Tensor  # [B, L] 1 = real token
     pos: torch.Tensor  # [B] position id of the next token fed
+
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return _kv(self.cache)
 
 
 def _row_seed(entropy: list[int]) -> int:
@@ -279,12 +285,15 @@ class Sampler:
             adapter_names=[r.adapter for r in uniq],
         )
         sel = torch.tensor(which, device=dev)
-        kv = [(layer.keys.index_select(0, sel), layer.values.index_select(0, sel)) for layer in cache.layers]
+        if len(uniq) != len(new):  # n > 1: copy each prompt's cache rows for its samples
+            cache = DynamicCache(
+                ddp_cache_data=[(k.index_select(0, sel), v.index_select(0, sel)) for k, v in _kv(cache)]
+            )
         mask = mask.to(dev).index_select(0, sel)
         logits = logits.index_select(0, sel)
         npos = torch.tensor([len(r.prompt) for r in new], device=dev)
         self._take(base, new, logits)
-        joined = Running(rows=new, kv=kv, mask=mask, pos=npos)
+        joined = Running(rows=new, cache=cache, mask=mask, pos=npos)
         if run is not None:
             joined = _concat(run, joined)
         self.running[base.name] = self._drop_finished(base, joined)
@@ -299,17 +308,15 @@ class Sampler:
         B = len(run.rows)
         ids = torch.tensor([[r.out[-1]] for r in run.rows], device=dev)  # [B, 1]
         mask = torch.cat([run.mask, torch.ones((B, 1), dtype=run.mask.dtype, device=dev)], dim=1)  # [B, L+1]
-        cache = DynamicCache(ddp_cache_data=run.kv)
         logits = self._model_call(
             base,
             input_ids=ids,
             attention_mask=mask,
             position_ids=run.pos[:, None],
-            past_key_values=cache,
+            past_key_values=run.cache,
             use_cache=True,
             adapter_names=[r.adapter for r in run.rows],
         )
-        run.kv = [(layer.keys, layer.values) for layer in cache.layers]
         run.mask = mask
         run.pos = run.pos + 1
         self._take(base, run.rows, logits)
@@ -381,14 +388,19 @@ class Sampler:
             self._complete(base, run.rows[i])
         keep = [i for i, r in enumerate(run.rows) if r.finish is None]
         if not keep:
-            return Running(rows=[], kv=[], mask=run.mask[:0], pos=run.pos[:0])
+            return Running(rows=[], cache=DynamicCache(), mask=run.mask[:0], pos=run.pos[:0])
         sel = torch.tensor(keep, device=run.mask.device)
         mask = run.mask.index_select(0, sel)
         # columns that are padding for every remaining row can go
         first = int((mask.sum(0) > 0).nonzero()[0])
-        kv = [(k.index_select(0, sel)[:, :, first:], v.index_select(0, sel)[:, :, first:]) for k, v in run.kv]
+        kv = [
+            (k.index_select(0, sel)[:, :, first:], v.index_select(0, sel)[:, :, first:]) for k, v in run.kv()
+        ]
         return Running(
-            rows=[run.rows[i] for i in keep], kv=kv, mask=mask[:, first:], pos=run.pos.index_select(0, sel)
+            rows=[run.rows[i] for i in keep],
+            cache=DynamicCache(ddp_cache_data=kv),
+            mask=mask[:, first:],
+            pos=run.pos.index_select(0, sel),
         )
 
     def _complete(self, base: Base, r: Row) -> None:
@@ -442,7 +454,13 @@ def _concat(a: Running, b: Running) -> Running:
             torch.cat([lpad(ka, L - La, 2), lpad(kb, L - Lb, 2)]),
             torch.cat([lpad(va, L - La, 2), lpad(vb, L - Lb, 2)]),
         )
-        for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)
+        for (ka, va), (kb, vb) in zip(a.kv(), b.kv(), strict=True)
     ]
     mask = torch.cat([lpad(a.mask, L - La, 1), lpad(b.mask, L - Lb, 1)])
-    return Running(rows=a.rows + b.rows, kv=kv, mask=mask, pos=torch.cat([a.pos, b.pos]))
+    return Running(
+        rows=a.rows + b.rows, cache=DynamicCache(ddp_cache_data=kv), mask=mask, pos=torch.cat([a.pos, b.pos])
+    )
+
+
+def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
