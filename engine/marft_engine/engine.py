@@ -166,6 +166,8 @@ class Engine:
         self.adapters: dict[str, Adapter] = {}
         # Torch compute on one model is not thread-safe: every forward / backward / step holds this.
         self.lock = threading.RLock()
+        self._count_lock = threading.Lock()
+        self.waiting = 0  # calls queued for the lock; the sampler yields to them between decode steps
         self.counters = Counters()
         from .sampler import Sampler  # here to keep the import graph one-way
 
@@ -174,13 +176,27 @@ class Engine:
     def close(self) -> None:
         self.sampler.close()
 
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """The compute lock for a request; announced, so the decode loop lets it in at its next step
+        (a plain lock is not fair: the loop could take it back at once, step after step)."""
+        with self._count_lock:
+            self.waiting += 1
+        self.lock.acquire()
+        with self._count_lock:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     # ------------------------------------------------------------------------------------------------
     # bases and adapters
 
     def create_base(self, body: BaseCreate) -> BaseInfo:
         if not NAME_RE.match(body.name) or body.name == BASE_ADAPTER:
             raise bad_request(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
-        with self.lock:
+        with self.compute():
             if body.name in self.bases:
                 raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
         model, tokenizer = load_source(body.source, body.seed)
@@ -209,7 +225,7 @@ class Engine:
             num_parameters=sum(p.numel() for p in model.parameters()),
             seed=body.seed,
         )
-        with self.lock:
+        with self.compute():
             if body.name in self.bases:
                 raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
             self.bases[body.name] = base
@@ -248,7 +264,7 @@ class Engine:
             raise bad_request(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
         if body.kind == "policy" and body.value_head_hidden:
             raise bad_request("value_head_hidden: only critic adapters have a value head")
-        with self.lock:
+        with self.compute():
             if body.name in self.adapters:
                 raise EngineError(409, "conflict", f"name: adapter {body.name!r} already exists")
             base = self.get_base(body.base)
@@ -313,7 +329,7 @@ class Engine:
         return AdapterList(adapters=[a.info() for a in self.adapters.values()])
 
     def delete_adapter(self, name: str) -> AdapterInfo:
-        with self.lock:
+        with self.compute():
             adapter = self.get_adapter(name, "name")
             info = adapter.info()
             self._drop_peft_adapter(adapter.base, name)
@@ -432,7 +448,7 @@ class Engine:
         return adapter.value_head(hidden.float()).squeeze(-1)  # [B, T]
 
     def forward(self, body: ForwardRequest) -> ForwardResponse:
-        with self.lock:
+        with self.compute():
             base, adapter = self.resolve(body.adapter, body.base)
             self._validate_data(base, body.data, [])
             results: list[ForwardResult] = [ForwardResult() for _ in body.data]
@@ -455,7 +471,7 @@ class Engine:
             return ForwardResponse(results=results)
 
     def forward_backward(self, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
-        with self.lock:
+        with self.compute():
             adapter = self.get_adapter(body.adapter)
             base = adapter.base
             if body.loss == "value" and adapter.kind != "critic":
@@ -580,7 +596,7 @@ class Engine:
             )
 
     def optim_step(self, body: OptimStepRequest) -> OptimStepResponse:
-        with self.lock:
+        with self.compute():
             adapter = self.get_adapter(body.adapter)
             if body.lr is not None:
                 adapter.lr = body.lr
@@ -603,7 +619,7 @@ class Engine:
     # checkpoints
 
     def save_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
-        with self.lock:
+        with self.compute():
             names = body.adapters if body.adapters is not None else list(self.adapters)
             for i, n in enumerate(names):
                 self.get_adapter(n, f"adapters[{i}]")
@@ -660,7 +676,7 @@ class Engine:
             return CheckpointResponse(path=str(target), adapters=names)
 
     def load_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
-        with self.lock:
+        with self.compute():
             root = Path(body.path)
             mf = root / "manifest.json"
             if not mf.is_file():

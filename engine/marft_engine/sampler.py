@@ -208,6 +208,8 @@ class Sampler:
                     return
                 names = sorted(set(self.running) | {n for n, q in self.queued.items() if q})
             for name in names:
+                while self.engine.waiting:  # let queued training / forward calls in between steps
+                    time.sleep(0.0005)
                 try:
                     with self.engine.lock:
                         base = self.engine.bases.get(name)

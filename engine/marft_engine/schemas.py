@@ -14,6 +14,17 @@ Conventions
   same temperature to `forward` / `forward_backward` reproduces them (the parity tests pin this).
   Top-k / top-p truncation is NOT part of that policy: `sampler_logprobs` gives the log-prob under the
   truncated, renormalised distribution the token was actually drawn from, for callers that need it.
+  Greedy (temperature 0): `logprobs` are at temperature 1 (pass temperature 1 to `forward`), and
+  `sampler_logprobs` are 0 (the sampler is a point mass).
+- Completions: `response_ids` are exactly the sampled tokens. A row that ends on eos includes the eos
+  token (finish_reason "eos"); a row that ends on a stop string includes the token that completed it
+  (finish_reason "stop"); `text` is the decoded response without the eos token and cut before the
+  stop string. Train on the ids, never on re-tokenized text.
+- Seeds: each completion draws from its own generator, seeded by (request seed, sample index) when
+  the request has a seed, else by (batch seed, request index, sample index); the batch seed defaults
+  to a draw from the engine's RNG (saved in checkpoints). So a seeded request samples the same tokens
+  whichever other rows (adapters, calls) share its decode batch.
+- Sampling is continuously batched: concurrent `sample` calls on one base join one decode batch.
 """
 
 from __future__ import annotations
@@ -142,7 +153,7 @@ class SampleBatch(Strict):
 
 
 class Completion(Strict):
-    response_ids: list[int]
+    response_ids: list[int] = Field(description="the sampled tokens, with the eos / stop-completing token")
     logprobs: list[float] = Field(description="per response token, under the tempered policy")
     sampler_logprobs: list[float] = Field(description="per response token, under the truncated sampler")
     text: str

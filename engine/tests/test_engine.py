@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import peft
@@ -306,3 +307,33 @@ def test_critic_values_are_per_prefix(engine: Engine) -> None:
     for i in (2, 6):
         part = engine.forward(ForwardRequest(adapter="C", data=[Datum(tokens=s[: i + 1])])).results[0].values
         assert part is not None and part[-1] == pytest.approx(full[i], abs=1e-5)
+
+
+def test_calls_are_let_in_between_decode_steps(engine: Engine) -> None:
+    long = SamplingParams(max_new_tokens=600, ignore_eos=True)
+    fut = engine.submit_sample(
+        SampleBatch(requests=[SampleRequest(adapter="A", prompt_ids=[1, 2, 3], sampling=long)])
+    )
+    while "b" not in engine.sampler.running and not fut.done():
+        time.sleep(0.001)
+    engine.forward(ForwardRequest(adapter="B", data=[Datum(tokens=[1, 2, 3])]))
+    assert not fut.done(), "forward waited for the whole sampling call"
+    assert len(fut.result().results[0].completions[0].response_ids) == 600
+
+
+def test_two_bases_in_one_call(engine: Engine) -> None:
+    engine.create_base(BaseCreate(name="q", source="tiny:qwen2", seed=5))
+    try:
+        add_policy(engine, "qa", base="q", seed=6)
+        sp = SamplingParams(temperature=0, max_new_tokens=6)
+        reqs = [
+            SampleRequest(adapter="A", prompt_ids=[5, 6, 7], sampling=sp),
+            SampleRequest(adapter="qa", prompt_ids=[5, 6, 7], sampling=sp),
+        ]
+        both = engine.sample(SampleBatch(requests=reqs)).results
+        for r, res in zip(reqs, both, strict=True):
+            assert res.completions == engine.sample(SampleBatch(requests=[r])).results[0].completions
+        assert both[0].completions[0].response_ids != both[1].completions[0].response_ids
+    finally:
+        engine.delete_adapter("qa")
+        del engine.bases["q"]

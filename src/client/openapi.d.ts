@@ -346,7 +346,10 @@ export interface components {
              * @description per response token, under the tempered policy
              */
             logprobs: number[];
-            /** Response Ids */
+            /**
+             * Response Ids
+             * @description the sampled tokens, with the eos / stop-completing token
+             */
             response_ids: number[];
             /**
              * Sampler Logprobs
