@@ -178,6 +178,51 @@ describe("hidden-test harness", () => {
     }
   });
 
+  it("cannot be fooled by results that lie about equality or truth", async () => {
+    const p = byId("mbpp-3"); // assert is_not_prime(2) == False, ... (4 tests)
+    const liars = [
+      "class A:\n    def __eq__(self, other):\n        return True\ndef is_not_prime(n):\n    return A()",
+      // A dict subclass, a namedtuple and an int subclass with their own __eq__.
+      "class D(dict):\n    def __eq__(self, o):\n        return True\ndef is_not_prime(n):\n    return D()",
+      "import collections\nP = collections.namedtuple('P', 'x')\nP.__eq__ = lambda s, o: True\ndef is_not_prime(n):\n    return P(1)",
+      "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\ndef is_not_prime(n):\n    return I(0)",
+      // Patch a trusted standard-library class, then return it.
+      "import collections\ncollections.Counter.__eq__ = lambda s, o: True\ndef is_not_prime(n):\n    return collections.Counter()",
+      // Hide the class's own __eq__ behind a metaclass that lies about flags and attributes.
+      "class M(type):\n    __flags__ = 0\n    def __getattribute__(c, n):\n        return type.__getattribute__(int, n)\nclass A(metaclass=M):\n    def __eq__(s, o):\n        return True\ndef is_not_prime(n):\n    return A()",
+      // Rebind the builtins the checker could have used, then lie.
+      "import builtins\nbuiltins.isinstance = lambda *a: False\nbuiltins.next = lambda *a: object\nbuiltins.type = lambda *a: int\nclass A:\n    def __eq__(self, other):\n        return True\ndef is_not_prime(n):\n    return A()",
+      // Inside a container.
+      "class A:\n    def __eq__(self, other):\n        return True\ndef is_not_prime(n):\n    return [A()]",
+    ];
+    for (const liar of liars) {
+      const r = await runTests(pool, liar, p, limits);
+      expect(r.passed, liar).toBe(0);
+    }
+    // Truthiness: `assert check_str(...)` / `assert not check_str(...)` (MBPP 737, re.Match results).
+    const q = byId("mbpp-737");
+    const truthy =
+      "class T:\n    def __bool__(self):\n        return True\ndef check_str(s):\n    return T()";
+    expect((await runTests(pool, truthy, q, limits)).passed).toBe(0);
+    // Honest results that are not plain builtins still pass: a namedtuple, a Counter, a re.Match.
+    const honest: CodeProblem = {
+      id: "honest",
+      prompt: "",
+      entryPoint: "f",
+      tests: [
+        "assert f(1) == (1, 2)",
+        "assert f(2).x == 2",
+        "assert g('ab') == {'a': 1, 'b': 1}",
+        "assert h('a1')",
+      ],
+      testImports: [],
+    };
+    const code =
+      "import collections, re\nP = collections.namedtuple('P', 'x y')\ndef f(x):\n    return P(x, 2)\n" +
+      "def g(s):\n    return collections.Counter(s)\ndef h(s):\n    return re.search('[0-9]', s)";
+    expect(await runTests(pool, code, honest, limits)).toMatchObject({ passed: 4, total: 4 });
+  });
+
   it("counts tests that passed before a later test hangs", async () => {
     const p: CodeProblem = {
       id: "hang",

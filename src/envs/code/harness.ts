@@ -7,8 +7,11 @@
 // lines, exits early, or replaces sys.stdout gains nothing. What would let it read the tokens (frame
 // and gc introspection, tracing, ctypes, /proc/self/mem) is refused by an audit hook, which Python
 // never lets code remove. This is defence in depth against reward hacking; containment of the
-// program is the sandbox's job. Known gap: a function that returns an object whose __eq__ is always
-// true passes `assert f(x) == y` tests (the tests are the dataset's, run as written).
+// program is the sandbox's job.
+// A function could also return an object whose __eq__ (or __bool__) always says yes: so every test
+// is rewritten (Python's ast) to pass each operand of a comparison, of not/and/or, and the assert's
+// whole test through plain(), which accepts builtin scalars and containers only (recursively).
+// plain() reaches the test as a function parameter, so no global the solution could overwrite.
 import { randomBytes } from "node:crypto";
 import type { CodeProblem } from "./data.ts";
 
@@ -22,10 +25,140 @@ const HARNESS = String.raw`
 import os as _os, sys as _sys
 # Imported before the audit hook: "types" reads a traceback's tb_frame when it loads (and "enum",
 # "re", typing, ... import it), which the hook would refuse. Loaded once, it is never run again.
-import types
+import types, ast, collections, operator
+
+
+def _plain_checkers():
+    """plain(x) returns x when nothing in it can lie about equality or truth, else raises TypeError;
+    cmp(values, ops) evaluates a comparison chain after checking every operand with plain().
+
+    Types implemented in C (builtins, re.Match, deque, ...) cannot be patched, so they are trusted.
+    A class defined in Python (a heap type, e.g. a namedtuple) is trusted only if its comparison,
+    truth and length slots are still those of its nearest C base, checked when it is compared."""
+    # Every builtin used below is bound now: a solution can rebind names in the builtins module.
+    type_, id_, len_, isinstance_, TypeError_ = type, id, len, isinstance, TypeError
+    set_, range_, object_, contains = set, range, object, operator.contains
+    HEAPTYPE = 1 << 9
+    slots = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__")
+    iterables = (list, tuple, set, frozenset, collections.deque)
+    keys, values = dict.keys, dict.values
+    ops = {
+        "Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le,
+        "Gt": operator.gt, "GtE": operator.ge, "Is": operator.is_, "IsNot": operator.is_not,
+        "In": lambda a, b: contains(b, a), "NotIn": lambda a, b: not contains(b, a),
+    }
+
+    # Read through type's own descriptors: a metaclass cannot lie about them.
+    flags_of = type.__dict__["__flags__"].__get__
+    mro_of = type.__dict__["__mro__"].__get__
+    dict_of = type.__dict__["__dict__"].__get__
+
+    def lookup(t, name):
+        for c in mro_of(t):
+            d = dict_of(c)
+            if name in d:
+                return d[name]
+        return None
+
+    # Python-defined classes of the standard library with their own __eq__, as they are now
+    # (before any solution code runs), so a patched one is caught.
+    counter, counter_slots = collections.Counter, {n: lookup(collections.Counter, n) for n in slots}
+
+    def check_type(t):
+        if not flags_of(t) & HEAPTYPE:
+            return  # implemented in C: cannot be patched
+        if t is counter:
+            expected = counter_slots
+        else:
+            base = object_
+            for c in mro_of(t):
+                if not flags_of(c) & HEAPTYPE:
+                    base = c
+                    break
+            expected = {n: lookup(base, n) for n in slots}
+        for name in slots:
+            if lookup(t, name) is not expected[name]:
+                raise TypeError_("a test compared a %s, whose %s is its own" % (t.__name__, name))
+
+    def plain(x):
+        stack, seen = [x], set_()
+        while stack:
+            v = stack.pop()
+            check_type(type_(v))
+            if isinstance_(v, dict) or isinstance_(v, iterables):
+                if id_(v) in seen:
+                    continue
+                seen.add(id_(v))
+                if len_(seen) > 200000:
+                    break
+                if isinstance_(v, dict):
+                    stack.extend(keys(v))
+                    stack.extend(values(v))
+                else:
+                    stack.extend(v)
+        return x
+
+    def cmp(operands, names):
+        for v in operands:
+            plain(v)
+        result = True
+        for i in range_(len_(names)):
+            name = names[i]
+            result = ops[name](operands[i], operands[i + 1])
+            if not plain(result):
+                return result
+        return result
+
+    return plain, cmp
+
+
+class _Plainify(ast.NodeTransformer):
+    """In an assert: comparisons become __marft_cmp((operands), (ops)) and every operand of "not",
+    "and", "or" and the whole test go through __marft_plain(); both reach the test function as
+    parameters, so there is no global for the solution to overwrite."""
+
+    def call(self, name, args):
+        return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=args, keywords=[])
+
+    def visit_Assert(self, node):
+        self.generic_visit(node)
+        node.test = self.call("__marft_plain", [node.test])
+        return node
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        operands = ast.Tuple(elts=[node.left, *node.comparators], ctx=ast.Load())
+        names = ast.Tuple(elts=[ast.Constant(type(op).__name__) for op in node.ops], ctx=ast.Load())
+        return self.call("__marft_cmp", [operands, names])
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = self.call("__marft_plain", [node.operand])
+        return node
+
+    def visit_BoolOp(self, node):
+        self.generic_visit(node)
+        node.values = [self.call("__marft_plain", [v]) for v in node.values]
+        return node
+
+
+def _test_function(test, i, env):
+    """The test as "def t(__marft_plain, __marft_cmp): <the test, rewritten by _Plainify>"."""
+    body = _Plainify().visit(ast.parse(test, "test_%d.py" % i)).body
+    params = [ast.arg(arg="__marft_plain"), ast.arg(arg="__marft_cmp")]
+    args = ast.arguments(posonlyargs=[], args=params, kwonlyargs=[], kw_defaults=[], defaults=[])
+    fn = ast.FunctionDef(name="__marft_test", args=args, body=body, decorator_list=[], returns=None,
+                         type_comment=None)
+    module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
+    exec(compile(module, "test_%d.py" % i, "exec"), env)
+    return env.pop("__marft_test")
+
 
 def _harness(solution, imports, tests):
     write, read, exec_, compile_ = _os.write, _os.read, exec, compile
+    # Bound before the solution runs: it may rebind names in the builtins module.
+    range_, len_, type_, str_, print_, BaseException_ = range, len, type, str, print, BaseException
     raw = b""
     while len(raw) < 33 * len(tests):
         chunk = read(0, 33 * len(tests) - len(raw))
@@ -34,6 +167,17 @@ def _harness(solution, imports, tests):
         raw += chunk
     tokens = raw.decode().split()
     del raw
+
+    env = {"__name__": "solution", "__builtins__": __builtins__}
+    plain, cmp = _plain_checkers()
+    # Compiled before any solution code runs; a test that does not compile fails.
+    checks = []
+    for i, test in enumerate(tests):
+        try:
+            checks.append(_test_function(test, i, env))
+        except SyntaxError as e:
+            print("test %d does not compile: %s" % (i, e), file=_sys.stderr)
+            checks.append(None)
 
     frame_attrs = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
     refused = {"sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
@@ -48,21 +192,23 @@ def _harness(solution, imports, tests):
             raise PermissionError("/proc is not allowed here")
 
     _sys.addaudithook(audit)
-    env = {"__name__": "solution", "__builtins__": __builtins__}
     try:
         exec_(compile_(imports + "\n" + solution, "solution.py", "exec"), env)
     except BaseException as e:
         print("solution failed to load:", type(e).__name__, str(e)[:200], file=_sys.stderr)
         return
-    for i, test in enumerate(tests):
+    for i in range_(len_(checks)):
+        check = checks[i]
+        if check is None:
+            continue
         try:
-            exec_(compile_(test, "test_%d.py" % i, "exec"), env)
-        except BaseException as e:
-            print("test %d failed: %s %s" % (i, type(e).__name__, str(e)[:200]), file=_sys.stderr)
+            check(plain, cmp)
+        except BaseException_ as e:
+            print_("test %d failed: %s %s" % (i, type_(e).__name__, str_(e)[:200]), file=_sys.stderr)
             continue
         try:
             _sys.stdout.flush()
-        except BaseException:
+        except BaseException_:
             pass
         write(1, ("\n" + tokens[i] + "\n").encode())
 `;
