@@ -4,7 +4,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { RunDir } from "../src/train/rundir.ts";
 import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
 
@@ -46,32 +46,43 @@ const comparable = (rows: Array<Record<string, unknown>>) =>
     ),
   );
 
-describe("resume after SIGKILL", () => {
-  it("reproduces the uninterrupted run's metrics exactly", async () => {
-    const tmp = mkdtempSync(join(tmpdir(), "marft-resume-"));
-    const whole = join(tmp, "whole");
-    const killed = join(tmp, "killed");
-    const config = join(ROOT, "configs", "tiny-secret.yaml");
+const config = join(ROOT, "configs", "tiny-secret.yaml");
+const tmp = mkdtempSync(join(tmpdir(), "marft-resume-"));
+const whole = join(tmp, "whole");
 
+/** Resolves when `cond()` holds (polling), rejects if the child exits first. */
+function when(child: ChildProcess, cond: () => boolean, what: string): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const t = setInterval(() => {
+      if (cond()) {
+        clearInterval(t);
+        resolve();
+      } else if (child.exitCode !== null) {
+        clearInterval(t);
+        reject(new Error(`the run ended before ${what}`));
+      }
+    }, 20);
+  });
+}
+
+const latestIs = (dir: string, name: string) => {
+  const latest = join(dir, "checkpoints", "latest");
+  return existsSync(latest) && readFileSync(latest, "utf8").trim() === name;
+};
+
+describe("resume and recovery reproduce the uninterrupted run", () => {
+  beforeAll(async () => {
     const a = await finish(marft(["train", config, "--run-dir", whole, "--quiet", ...SETS]));
     expect(a.code, a.out).toBe(0);
+  });
+
+  it("after SIGKILL, --resume reproduces the uninterrupted run's metrics exactly", async () => {
+    const killed = join(tmp, "killed");
 
     const child = marft(["train", config, "--run-dir", killed, "--quiet", ...SETS]);
     const done = finish(child);
-    const latest = join(killed, "checkpoints", "latest");
-    const atSecond = () => existsSync(latest) && readFileSync(latest, "utf8").trim() === "iter_2";
-    await new Promise<void>((resolve, reject) => {
-      const t = setInterval(() => {
-        if (atSecond()) {
-          clearInterval(t);
-          child.kill("SIGKILL");
-          resolve();
-        } else if (child.exitCode !== null) {
-          clearInterval(t);
-          reject(new Error("the run ended before its second checkpoint"));
-        }
-      }, 20);
-    });
+    await when(child, () => latestIs(killed, "iter_2"), "its second checkpoint");
+    child.kill("SIGKILL");
     const k = await done;
     expect(k.signal).toBe("SIGKILL");
     expect(new RunDir(killed).latestCheckpoint()!.state.iteration).toBeGreaterThanOrEqual(2);
@@ -88,6 +99,51 @@ describe("resume after SIGKILL", () => {
     const sa = JSON.parse(readFileSync(new RunDir(whole).summaryPath, "utf8"));
     const sb = JSON.parse(readFileSync(new RunDir(killed).summaryPath, "utf8"));
     expect(sb.eval.after).toEqual(sa.eval.after);
+  });
+
+  it("an engine killed mid-run is restarted from the last checkpoint, same metrics", async () => {
+    const dir = join(tmp, "engine-killed");
+    const child = marft(["train", config, "--run-dir", dir, "--quiet", ...SETS]);
+    const done = finish(child);
+    await when(child, () => latestIs(dir, "iter_1"), "its first checkpoint");
+    // the engine is the CLI's only python child
+    const kids = readFileSync(`/proc/${child.pid}/task/${child.pid}/children`, "utf8").trim().split(/\s+/);
+    const engine = kids
+      .map(Number)
+      .find((pid) => readFileSync(`/proc/${pid}/cmdline`, "utf8").includes("marft_engine.server"));
+    expect(engine).toBeDefined();
+    process.kill(engine!, "SIGKILL");
+    const r = await done;
+    expect(r.code, r.out).toBe(0);
+    expect(r.out).toMatch(/the engine died during iteration \d+ .*; restarting it/);
+    expect(r.out).toMatch(/continuing from the checkpoint at iteration \d+/);
+    expect(comparable(new RunDir(dir).readMetrics())).toEqual(comparable(new RunDir(whole).readMetrics()));
+  });
+
+  it("Ctrl-C saves a checkpoint and exits cleanly; --resume finishes the run", async () => {
+    const dir = join(tmp, "interrupted");
+    const child = marft([
+      "train",
+      config,
+      "--run-dir",
+      dir,
+      "--quiet",
+      ...SETS,
+      "--set",
+      "train.checkpointEvery=0",
+    ]);
+    const done = finish(child);
+    await when(child, () => new RunDir(dir).metricsLineCount() >= 1, "its first iteration");
+    child.kill("SIGINT");
+    const r = await done;
+    expect(r.code, r.out).toBe(0);
+    expect(r.out).toContain("stopped early; continue with: marft train --resume");
+    const ckpt = new RunDir(dir).latestCheckpoint()!;
+    expect(ckpt.state.iteration).toBe(new RunDir(dir).metricsLineCount());
+    expect(ckpt.state.iteration).toBeLessThan(4);
+    const b = await finish(marft(["train", "--resume", dir, "--quiet"]));
+    expect(b.code, b.out).toBe(0);
+    expect(comparable(new RunDir(dir).readMetrics())).toEqual(comparable(new RunDir(whole).readMetrics()));
   });
 
   it("--resume on a directory without a checkpoint is a clear error", async () => {
