@@ -25,7 +25,7 @@ const HARNESS = String.raw`
 import os as _os, sys as _sys
 # Imported before the audit hook: "types" reads a traceback's tb_frame when it loads (and "enum",
 # "re", typing, ... import it), which the hook would refuse. Loaded once, it is never run again.
-import types, ast, collections, operator
+import types, _ast, collections, operator
 
 
 def _plain_checkers():
@@ -112,46 +112,61 @@ def _plain_checkers():
     return plain, cmp
 
 
-class _Plainify(ast.NodeTransformer):
-    """In an assert: comparisons become __marft_cmp((operands), (ops)) and every operand of "not",
-    "and", "or" and the whole test go through __marft_plain(); both reach the test function as
-    parameters, so there is no global for the solution to overwrite."""
+# The test rewrite uses the C module _ast (ast.py costs ~7 ms of imports in every run).
+def _call(name, args):
+    return _ast.Call(func=_ast.Name(id=name, ctx=_ast.Load()), args=args, keywords=[])
 
-    def call(self, name, args):
-        return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=args, keywords=[])
 
-    def visit_Assert(self, node):
-        self.generic_visit(node)
-        node.test = self.call("__marft_plain", [node.test])
-        return node
+def _rewrite(node):
+    """Post-order: in an assert, comparisons become __marft_cmp((operands), (op names)); every
+    operand of "not", "and", "or" and the whole test go through __marft_plain(). Both reach the
+    test function as parameters, so there is no global for the solution to overwrite."""
+    for field in node._fields:
+        value = getattr(node, field, None)
+        if isinstance(value, list):
+            setattr(node, field, [_rewrite(v) if isinstance(v, _ast.AST) else v for v in value])
+        elif isinstance(value, _ast.AST):
+            setattr(node, field, _rewrite(value))
+    if isinstance(node, _ast.Assert):
+        node.test = _call("__marft_plain", [node.test])
+    elif isinstance(node, _ast.Compare):
+        operands = _ast.Tuple(elts=[node.left, *node.comparators], ctx=_ast.Load())
+        names = [_ast.Constant(value=type(op).__name__) for op in node.ops]
+        return _call("__marft_cmp", [operands, _ast.Tuple(elts=names, ctx=_ast.Load())])
+    elif isinstance(node, _ast.UnaryOp) and isinstance(node.op, _ast.Not):
+        node.operand = _call("__marft_plain", [node.operand])
+    elif isinstance(node, _ast.BoolOp):
+        node.values = [_call("__marft_plain", [v]) for v in node.values]
+    return node
 
-    def visit_Compare(self, node):
-        self.generic_visit(node)
-        operands = ast.Tuple(elts=[node.left, *node.comparators], ctx=ast.Load())
-        names = ast.Tuple(elts=[ast.Constant(type(op).__name__) for op in node.ops], ctx=ast.Load())
-        return self.call("__marft_cmp", [operands, names])
 
-    def visit_UnaryOp(self, node):
-        self.generic_visit(node)
-        if isinstance(node.op, ast.Not):
-            node.operand = self.call("__marft_plain", [node.operand])
-        return node
-
-    def visit_BoolOp(self, node):
-        self.generic_visit(node)
-        node.values = [self.call("__marft_plain", [v]) for v in node.values]
-        return node
+def _locate(node, loc=(1, 0, 1, 0)):
+    """Gives new nodes their parent's source position (what ast.fix_missing_locations does)."""
+    if "lineno" in node._attributes:
+        if getattr(node, "lineno", None) is None:
+            node.lineno, node.col_offset, node.end_lineno, node.end_col_offset = loc
+        else:
+            loc = (node.lineno, node.col_offset, node.end_lineno or node.lineno,
+                   node.end_col_offset or node.col_offset)
+    for field in node._fields:
+        value = getattr(node, field, None)
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, _ast.AST):
+                _locate(child, loc)
 
 
 def _test_function(test, i, env):
-    """The test as "def t(__marft_plain, __marft_cmp): <the test, rewritten by _Plainify>"."""
-    body = _Plainify().visit(ast.parse(test, "test_%d.py" % i)).body
-    params = [ast.arg(arg="__marft_plain"), ast.arg(arg="__marft_cmp")]
-    args = ast.arguments(posonlyargs=[], args=params, kwonlyargs=[], kw_defaults=[], defaults=[])
-    fn = ast.FunctionDef(name="__marft_test", args=args, body=body, decorator_list=[], returns=None,
-                         type_comment=None)
-    module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
-    exec(compile(module, "test_%d.py" % i, "exec"), env)
+    """The test as "def t(__marft_plain, __marft_cmp): <the test, rewritten>"."""
+    name = "test_%d.py" % i
+    body = _rewrite(compile(test, name, "exec", _ast.PyCF_ONLY_AST)).body
+    params = [_ast.arg(arg="__marft_plain"), _ast.arg(arg="__marft_cmp")]
+    args = _ast.arguments(posonlyargs=[], args=params, kwonlyargs=[], kw_defaults=[], defaults=[])
+    fn = _ast.FunctionDef(name="__marft_test", args=args, body=body, decorator_list=[], returns=None)
+    if "type_params" in _ast.FunctionDef._fields:  # Python 3.12+
+        fn.type_params = []
+    module = _ast.Module(body=[fn], type_ignores=[])
+    _locate(module)
+    exec(compile(module, name, "exec"), env)
     return env.pop("__marft_test")
 
 
