@@ -127,6 +127,16 @@ print(json.dumps(out))
       expect(seen.uid).toBeGreaterThanOrEqual(200_000);
       expect(seen.etc).toBe(13); // EACCES: not root any more
     }
+    // A daemon that escapes the process group and holds stdout open must not hang the caller.
+    const daemon = join(dir, "daemon.py");
+    writeFileSync(
+      daemon,
+      "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(6)\nprint('parent done')\n",
+    );
+    const t0 = Date.now();
+    const d = await marftEnv({ MARFT_SANDBOX_ISOLATION: "none" }, "sandbox", "run", "--timeout", "3", daemon);
+    expect(Date.now() - t0).toBeLessThan(5500);
+    expect(JSON.parse(d.stdout)).toMatchObject({ status: "ok", stdout: "parent done\n" });
     const loop = join(dir, "loop2.py");
     writeFileSync(loop, "while True:\n    pass\n");
     const t = await marftEnv({ MARFT_SANDBOX_ISOLATION: "none" }, "sandbox", "run", "--timeout", "1", loop);

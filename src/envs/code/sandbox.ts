@@ -294,15 +294,20 @@ function execute(
       opts.signal?.removeEventListener("abort", onAbort);
       reject(new SandboxSetupError(`cannot start ${cmd}: ${e.message}`));
     });
+    // Without a pid namespace ("none"), a daemon the program left behind can hold the pipes open
+    // forever: once the wrapper has exited, give the pipes a moment, then stop waiting for them.
+    let drain: NodeJS.Timeout | undefined;
+    child.on("exit", () => {
+      drain = setTimeout(() => {
+        for (const s of [child.stdout, child.stderr, child.stdio[3]]) s?.destroy();
+      }, 1000);
+    });
     child.on("close", (code, sig) => {
       clearTimeout(timer);
+      clearTimeout(drain);
       opts.signal?.removeEventListener("abort", onAbort);
       const wallMs = Math.round(performance.now() - start);
-      const reports = Buffer.concat(reportChunks)
-        .toString("utf8")
-        .split("\n")
-        .filter((l) => l.trim() !== "")
-        .map((l) => JSON.parse(l) as Report);
+      const reports = parseReports(Buffer.concat(reportChunks).toString("utf8"));
       const setupError = reports.find((r) => r.setup_error !== undefined);
       if (setupError) {
         reject(new SandboxSetupError(`sandbox setup failed (${mode}): ${setupError.setup_error}`));
@@ -348,6 +353,18 @@ function execute(
       });
     });
   });
+}
+
+/** The wrapper's JSON lines on fd 3; a line that does not parse is skipped (never thrown in a callback). */
+function parseReports(text: string): Report[] {
+  const out: Report[] = [];
+  for (const line of text.split("\n")) {
+    if (line.trim() === "") continue;
+    try {
+      out.push(JSON.parse(line) as Report);
+    } catch {}
+  }
+  return out;
 }
 
 /** Keeps the first `max` bytes of a stream; add() returns false once the stream overflowed. */
