@@ -302,14 +302,20 @@ describe("CodeEnv", () => {
     await env.act("coder", fence(p.reference!));
     await env.act("reviewer", "REVISE again"); // no round left: ends anyway
     expect(env.terminated).toBe(true);
-    expect(env.info()).toMatchObject({ correct: true, score: 1, rounds: 2 });
+    // Round 1: REVISE on failing code (right); round 2: REVISE on passing code (wrong).
+    expect(env.info()).toMatchObject({
+      correct: true,
+      score: 1,
+      rounds: 2,
+      roleRewards: { coder: 1, reviewer: 0.5 },
+    });
     expect(env.takeRewards()).toEqual({ coder: 1, reviewer: 1 });
 
     await env.reset(p, 0);
     await env.act("coder", fence("def is_not_prime(n):\n    return False"));
     await env.act("reviewer", "APPROVE");
     expect(env.terminated).toBe(true);
-    expect(env.info()).toMatchObject({ correct: false, score: 0.5, rounds: 1 });
+    expect(env.info()).toMatchObject({ correct: false, score: 0.5, rounds: 1, roleRewards: { reviewer: 0 } });
   });
 
   it("starts the hidden tests in the coder's act, while the reviewer is still to act", async () => {

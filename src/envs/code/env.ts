@@ -16,8 +16,9 @@
 // Rewards: when the episode ends, the team reward (fraction of hidden tests passed by the final
 // code) goes to every agent via takeRewards(); routing it is the trainer's business.
 // info(): correct (all passed), score, passed, total, status (sandbox status of the final run),
-// rounds, and roleRewards.coder = 1 when the coder's final reply had a fenced code block (a format
-// reward for per-role routing; never mixed into takeRewards()).
+// rounds, and roleRewards (for per-role routing; never mixed into takeRewards()): coder = 1 when its
+// final reply had a fenced code block (a format reward); reviewer = the fraction of rounds in which
+// its verdict agreed with the hidden tests (REVISE on failing code, anything else on passing code).
 //
 // The hidden tests of the coder's code start in the sandbox pool inside the coder's `act`, so they
 // run while the reviewer or tester is being sampled; the step's last `act` awaits them.
@@ -161,6 +162,8 @@ export class CodeEnv implements Env<CodeProblem> {
   private hidden: Promise<TestOutcome> | undefined;
   private code: string | null = null;
   private fenced = false;
+  /** Per round: 1 when the reviewer's verdict agreed with the hidden tests. */
+  private reviewerRight: number[] = [];
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: CodeEnvOptions = {}) {
     if (agents.length === 0) throw new Error("code: expected at least one agent (a coder)");
@@ -191,6 +194,7 @@ export class CodeEnv implements Env<CodeProblem> {
     this.hidden = undefined;
     this.code = null;
     this.fenced = false;
+    this.reviewerRight = [];
     const texts: Record<AgentId, string> = {};
     for (const a of this.agents) {
       texts[a] =
@@ -235,6 +239,11 @@ export class CodeEnv implements Env<CodeProblem> {
     const round = this.team.step + 1;
     const feedback = round < this.attempts ? await this.feedback(problem) : null;
     const outcome = await (this.hidden ?? runTests(this.pool, null, problem, this.limits));
+    if (this.reviewer !== undefined) {
+      // The reviewer was right when it sent back code that fails a hidden test, or passed code that passes all.
+      const revise = /^revise\b/i.test((this.team.actionOf(this.reviewer) ?? "").trim());
+      this.reviewerRight.push(revise === outcome.passed < outcome.total ? 1 : 0);
+    }
     if (feedback === null) {
       this.finish(outcome, round);
       return;
@@ -278,7 +287,12 @@ export class CodeEnv implements Env<CodeProblem> {
       total: outcome.total,
       status: outcome.status,
       rounds,
-      roleRewards: { coder: this.fenced ? 1 : 0 },
+      roleRewards: {
+        coder: this.fenced ? 1 : 0,
+        ...(this.reviewer !== undefined
+          ? { reviewer: this.reviewerRight.reduce((a, b) => a + b, 0) / this.reviewerRight.length }
+          : {}),
+      },
     };
     this.done = true;
     this.team.finish();
