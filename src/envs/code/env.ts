@@ -242,7 +242,8 @@ export class CodeEnv implements Env<CodeProblem> {
     if (this.reviewer !== undefined) {
       // The reviewer was right when it sent back code that fails a hidden test, or passed code that passes all.
       const revise = /^revise\b/i.test((this.team.actionOf(this.reviewer) ?? "").trim());
-      this.reviewerRight.push(revise === outcome.passed < outcome.total ? 1 : 0);
+      const failing = outcome.passed < outcome.total;
+      this.reviewerRight.push(revise === failing ? 1 : 0);
     }
     if (feedback === null) {
       this.finish(outcome, round);
