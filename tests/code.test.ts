@@ -1,8 +1,8 @@
 // Code tasks: MBPP / user data, the hidden-test harness, CodeEnv teams, checkEnv.
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import { type CodeProblem, entryPointOf, loadCodeProblems } from "../src/envs/code/data.ts";
 import {
   CodeEnv,
@@ -23,6 +23,7 @@ const byId = (id: string) => mbpp.find((p) => p.id === id)!;
 const pool = new SandboxPool({ concurrency: 2 });
 const limits = { timeoutMs: 5000, memoryMb: 256 };
 const dir = mkdtempSync(join(tmpdir(), "marft-code-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const fence = (code: string) => "Here it is:\n```python\n" + code + "\n```\nDone.";
 
 const CODER: AgentSpec = { id: "coder", role: "coder", systemPrompt: "You write Python." };

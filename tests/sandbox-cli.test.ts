@@ -1,13 +1,14 @@
 // `marft sandbox run` as a person runs it: the real CLI in a child process, JSON on stdout.
 import { execFile, spawnSync } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 
 const run = promisify(execFile);
 const dir = mkdtempSync(join(tmpdir(), "marft-sbx-cli-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 async function marft(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   return marftEnv({}, ...args);
