@@ -380,6 +380,16 @@ describe("CodeEnv", () => {
       },
     );
     expect(tested).toEqual([]);
+    // Seeded random verdicts and solutions: episodes of one or two rounds, deterministic per seed.
+    const mixed = await checkEnv(() => suite.makeEnv(team, { kind: "sequential" }), suite.train.slice(0, 2), {
+      seeds: [0, 1],
+      policy: ({ agent, observation, rng }) => {
+        if (agent === "reviewer") return rng() < 0.5 ? "REVISE: check the edge cases." : "APPROVE";
+        const task = mbpp.find((q) => observation[1]!.content.includes(q.prompt))!;
+        return rng() < 0.5 ? fence(task.reference!) : "I am not sure.";
+      },
+    });
+    expect(mixed).toEqual([]);
   });
 
   it("builds a suite from MBPP with a held-out split and limits", () => {
