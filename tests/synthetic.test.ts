@@ -88,6 +88,9 @@ describe("synthetic tasks", () => {
     expect(matches("g", "c", "abcd", "class")).toBe(true); // 103 % 4 === 99 % 4
     expect(matches("d", "c", "abcd", "class")).toBe(false);
     expect(matches("", "c", "abcd", "class")).toBe(false);
+    // U+FFFD (an undecodable byte) is in no class, though 65533 % 4 === 97 % 4.
+    expect(matches("\uFFFD", "a", "abcd", "class")).toBe(false);
+    expect(matches("  a", "a", "abcd", "exact")).toBe(true);
     expect(() => secretSuite({ letters: "ae" })).toThrow("differ modulo 2");
   });
 
@@ -100,7 +103,20 @@ describe("synthetic tasks", () => {
     await env.act("B", "b");
     expect(env.terminated).toBe(true);
     expect(env.takeRewards()).toEqual({ A: 1, B: 1 });
-    expect(env.info()).toMatchObject({ correct: true, score: 1, teamReward: 1, secret: "b" });
+    expect(env.info()).toMatchObject({
+      correct: true,
+      score: 1,
+      teamReward: 1,
+      secret: "b",
+      roleRewards: { speaker: 0 },
+    });
+    // The speaker's shaping reward: its own first character states the secret; repeat fills its prompt.
+    const rep = new SecretEnv(duo, { kind: "sequential" }, { match: "exact", repeat: 3 });
+    await rep.reset({ id: "t", secret: "d" }, 0);
+    expect(rep.observe("A")[1]!.content).toBe("secret: ddd");
+    await rep.act("A", "d");
+    await rep.act("B", "x");
+    expect(rep.info()).toMatchObject({ correct: false, roleRewards: { speaker: 1 } });
   });
 
   it("secret with attempts: wrong answers add history and retry, then terminate", async () => {

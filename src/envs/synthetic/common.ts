@@ -11,8 +11,9 @@
 // Matching modes:
 // - "exact": the answer's first character must be the expected letter.
 // - "class": characters are grouped by char code modulo k (k = the number of letters); the answer is
-//   right when its first character is in the expected letter's class. The letter itself always is, and
-//   a random policy over any byte vocabulary is right about 1/k of the time, so the reward signal
+//   right when its first character is in the expected letter's class. The letter itself always is,
+//   and a random policy over a byte vocabulary is right about 1/(2k) of the time (half the bytes are
+//   not valid UTF-8 on their own and decode to U+FFFD, which is never right), so the reward signal
 //   exists from the first iteration. This is the default: it is what makes the tasks learnable from
 //   random init; use "exact" for models that can already spell.
 import { seededRng } from "../../flexmg/rng.ts";
@@ -44,9 +45,19 @@ export function resolveLetters(letters = "abcd"): string {
   return letters;
 }
 
+/**
+ * The answer's first character, or undefined when there is none or it is U+FFFD: a byte-level model's
+ * bytes that are not valid UTF-8 all decode to U+FFFD, and letting that one character stand for half
+ * the vocabulary would make "say any high byte" a cheap attractor for one class.
+ */
+function firstChar(answer: string): string | undefined {
+  const first = answer.trimStart()[0];
+  return first === "\uFFFD" ? undefined : first;
+}
+
 /** Whether `answer` states `expected` under the matching mode (first character only). */
 export function matches(answer: string, expected: string, letters: string, mode: MatchMode): boolean {
-  const first = answer.trimStart()[0];
+  const first = firstChar(answer);
   if (first === undefined) return false;
   if (mode === "exact") return first === expected;
   return first.charCodeAt(0) % letters.length === expected.charCodeAt(0) % letters.length;
@@ -54,7 +65,7 @@ export function matches(answer: string, expected: string, letters: string, mode:
 
 /** Index of the class of `answer`'s first character among `n` classes (char code mod n), or -1 if empty. */
 export function classOf(answer: string, n: number): number {
-  const first = answer.trimStart()[0];
+  const first = firstChar(answer);
   return first === undefined ? -1 : first.charCodeAt(0) % n;
 }
 

@@ -6,7 +6,16 @@
 // Team reward: 1 when the listener's first character states the secret (see common.ts for "class"
 // matching), else 0. With `attempts` > 1 a wrong answer appends "attempt N: wrong" to the shared
 // history and the team tries again; the episode terminates when right or after the last attempt.
-// Per-role rewards (info().roleRewards): none.
+// Per-role rewards (info().roleRewards): the speaker's role gets 1 when the speaker's own first
+// character states the secret (same matching), else 0: a shaping reward that breaks the symmetry of
+// learning to communicate from scratch (with the team reward alone, neither agent's gradient carries
+// signal until the other one already uses the channel). Route it with per-role reward routing.
+//
+// Measured from random init (tiny:llama, 4 letters, class matching, group-relative policy gradient,
+// 128 episodes per iteration, LoRA r 8 on q_proj/v_proj/lm_head, lr 1e-2): with the team reward
+// alone the team stayed at chance for 60 iterations; with the speaker's shaping reward and
+// `repeat: 16` the speaker went from ~0.15 to ~0.6 in 40 iterations while the listener lagged.
+// LoRA on q_proj/v_proj alone barely moves a random-init model's near-uniform output.
 import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
 import {
   generateTasks,
@@ -26,6 +35,12 @@ export interface SecretTask {
 export interface SecretOptions extends SyntheticOptions {
   /** Attempts per episode (default 1). */
   attempts?: number;
+  /**
+   * How many times the speaker's prompt repeats the secret (default 1). A random-init model attends
+   * almost uniformly, so its last hidden state is roughly the mean of the context's embeddings; a
+   * secret that fills a good part of the context moves that mean, which makes the task learnable fast.
+   */
+  repeat?: number;
 }
 
 export function secretTasks(opts: SecretOptions = {}): { train: SecretTask[]; eval: SecretTask[] } {
@@ -37,12 +52,17 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
   private readonly letters: string;
   private readonly match: MatchMode;
   private readonly attempts: number;
+  private readonly repeat: number;
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: SecretOptions = {}) {
     super(agents, graph, 2, "secret");
     this.letters = resolveLetters(opts.letters);
     this.match = opts.match ?? "class";
     this.attempts = opts.attempts ?? 1;
+    this.repeat = opts.repeat ?? 1;
+    if (!Number.isInteger(this.repeat) || this.repeat < 1) {
+      throw new Error(`secret.repeat: expected a positive integer, got ${opts.repeat}`);
+    }
     if (!Number.isInteger(this.attempts) || this.attempts < 1) {
       throw new Error(`secret.attempts: expected a positive integer, got ${opts.attempts}`);
     }
@@ -58,7 +78,8 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
 
   protected start(task: SecretTask): void {
     const texts: Record<AgentId, string> = {};
-    for (const a of this.agents) texts[a] = a === this.speaker ? `secret: ${task.secret}` : "secret?";
+    for (const a of this.agents)
+      texts[a] = a === this.speaker ? `secret: ${task.secret.repeat(this.repeat)}` : "secret?";
     this.team.reset(texts);
   }
 
@@ -68,7 +89,13 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
     const right = matches(answer, this.task!.secret, this.letters, this.match);
     const attempt = this.team.step + 1;
     if (right || attempt >= this.attempts) {
-      this.end(right ? 1 : 0, { secret: this.task!.secret, answer, attempts: attempt });
+      const said = this.team.actionOf(this.speaker) ?? "";
+      const speakerRight = matches(said, this.task!.secret, this.letters, this.match);
+      this.end(
+        right ? 1 : 0,
+        { secret: this.task!.secret, answer, attempts: attempt },
+        { [this.team.role(this.speaker)]: speakerRight ? 1 : 0 },
+      );
       return;
     }
     this.team.addHistory(`attempt ${attempt}: wrong`);
