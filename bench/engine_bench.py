@@ -255,7 +255,17 @@ def memory_child(layout: str, agents: int) -> None:
             with torch.no_grad():
                 pm(input_ids=ids)
             keep.append(pm)
-    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(json.dumps({"peak_rss_bytes": _hwm_bytes()}))
+
+
+def _hwm_bytes() -> int:
+    """Peak RSS of this process image. (ru_maxrss would not do: Linux carries the parent's peak across
+    fork + exec, so every child would report at least the benchmark's own size.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def peak_rss(layout: str, agents: int) -> int:
@@ -293,7 +303,13 @@ def main() -> None:
         help="fewer repetitions (about 3 minutes on 2 CPU cores)",
     )
     ap.add_argument("--out", required=True)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (0 = torch's default). 1 by default: on a shared, loaded machine more threads "
+        "stall in OpenMP barriers and the figures become noise; both sides of every ratio use the same",
+    )
     ap.add_argument(
         "--peak-tflops",
         type=float,
