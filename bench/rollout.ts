@@ -1,0 +1,156 @@
+// Rollout speed: MARFT's concurrent, batched rollout against the MARFT reference's scheme
+// (bench/reference_rollout.py: a model copy per agent, agents one after another, plain `generate`
+// per agent over the batch of episodes), on the same model, prompts, sampling settings and token
+// limits, measured in the same run. Both sides exclude model loading.
+//
+// `npx tsx bench/rollout.ts [--quick]` prints a table; `benchRollout()` is what `marft bench` calls.
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import type { EngineClient } from "../src/client/client.ts";
+import { startLocalEngine } from "../src/client/launcher.ts";
+import { loadMathProblems } from "../src/envs/math/data.ts";
+import { MathEnv } from "../src/envs/math/env.ts";
+import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
+import { rollout } from "../src/rollout/rollout.ts";
+
+const REPO = resolve(import.meta.dirname, "..");
+const MODEL = "pkg:smollm2-135m-instruct";
+
+export interface RolloutBenchCase {
+  agents: number;
+  graph: "sequential" | "parallel";
+  marftSeconds: number;
+  referenceSeconds: number;
+  marftTokens: number;
+  referenceTokens: number;
+  speedup: number;
+}
+
+function team(n: number): AgentSpec[] {
+  const roles = ["reasoner", "actor", "verifier", "summarizer"];
+  return Array.from({ length: n }, (_, i) => ({
+    id: `agent${i}`,
+    role: roles[i] ?? `agent${i}`,
+    systemPrompt: `You are the ${roles[i] ?? "helper"} of a team solving math word problems. Be brief.`,
+  }));
+}
+
+async function marftRollout(
+  client: EngineClient,
+  agents: AgentSpec[],
+  graph: GraphSpec,
+  problems: ReturnType<typeof loadMathProblems>,
+  maxNewTokens: number,
+  seed: number,
+): Promise<{ seconds: number; tokens: number }> {
+  const profiles = Object.fromEntries(
+    agents.map((a) => [a.id, { adapter: a.id, sampling: { temperature: 1, max_new_tokens: maxNewTokens } }]),
+  );
+  const r = await rollout({
+    client,
+    makeEnv: () => new MathEnv(agents, graph, { extract: "last-number" }),
+    tasks: problems,
+    taskId: (p) => p.id,
+    profiles,
+    seed,
+    maxConcurrentEpisodes: problems.length,
+  });
+  return { seconds: r.stats.seconds, tokens: r.stats.tokensSampled };
+}
+
+function referenceRollout(
+  agents: AgentSpec[],
+  graph: "sequential" | "parallel",
+  problems: string[],
+  maxNewTokens: number,
+  modelDir: string,
+  seed: number,
+): { seconds: number; tokens: number } {
+  const dir = mkdtempSync(join(tmpdir(), "marft-bench-"));
+  const spec = join(dir, "spec.json");
+  writeFileSync(
+    spec,
+    JSON.stringify({
+      agents: agents.map((a) => ({ role: a.role, system_prompt: a.systemPrompt })),
+      graph,
+      problems,
+      max_new_tokens: maxNewTokens,
+      temperature: 1.0,
+      seed,
+      model_dir: modelDir,
+    }),
+  );
+  const out = execFileSync(join(REPO, ".venv/bin/python"), [join(REPO, "bench/reference_rollout.py"), spec], {
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "ignore"],
+  });
+  const r = JSON.parse(out.trim().split("\n").at(-1)!) as { seconds: number; response_tokens: number };
+  return { seconds: r.seconds, tokens: r.response_tokens };
+}
+
+export async function benchRollout(
+  opts: { quick?: boolean; log?: (s: string) => void } = {},
+): Promise<{
+  cases: RolloutBenchCase[];
+  rollout_speedup_2_agents: number;
+  rollout_speedup_4_agents: number;
+}> {
+  const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
+  const episodes = opts.quick ? 8 : 16;
+  const maxNewTokens = opts.quick ? 24 : 48;
+  const problems = loadMathProblems(join(REPO, "../shared/datasets/gsm8k/train.jsonl")).slice(0, episodes);
+  const engine = await startLocalEngine({ logFile: join(tmpdir(), "marft-bench-engine.log"), device: "cpu" });
+  const cases: RolloutBenchCase[] = [];
+  try {
+    const client = engine.client;
+    await client.createBase({ name: "smol", source: MODEL });
+    for (const a of team(4)) await client.createAdapter({ name: a.id, base: "smol" });
+    const modelDir = join(
+      process.env["MARFT_CACHE_DIR"] ?? join(REPO, ".cache"),
+      "models/smollm2-135m-instruct",
+    );
+    for (const n of [2, 4]) {
+      for (const graph of ["sequential", "parallel"] as const) {
+        const agents = team(n);
+        log(`rollout bench: ${n} agents, ${graph}, ${episodes} episodes`);
+        log("  marft start");
+        const m = await marftRollout(client, agents, { kind: graph }, problems, maxNewTokens, 1);
+        log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; reference start`);
+        const ref = referenceRollout(
+          agents,
+          graph,
+          problems.map((p) => p.problem),
+          maxNewTokens,
+          modelDir,
+          1,
+        );
+        cases.push({
+          agents: n,
+          graph,
+          marftSeconds: m.seconds,
+          referenceSeconds: ref.seconds,
+          marftTokens: m.tokens,
+          referenceTokens: ref.tokens,
+          speedup: ref.seconds / m.seconds,
+        });
+      }
+    }
+  } finally {
+    await engine.stop();
+  }
+  const seq = (n: number) => cases.find((c) => c.agents === n && c.graph === "sequential")!.speedup;
+  return { cases, rollout_speedup_2_agents: seq(2), rollout_speedup_4_agents: seq(4) };
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const r = await benchRollout({ quick: process.argv.includes("--quick") });
+  console.table(r.cases);
+  console.log(
+    JSON.stringify({
+      rollout_speedup_2_agents: r.rollout_speedup_2_agents,
+      rollout_speedup_4_agents: r.rollout_speedup_4_agents,
+    }),
+  );
+}
