@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from . import losses
+from . import lora_batch, losses
 from .errors import EngineError, bad_request, not_found
 from .models import load_source
 from .schemas import (
@@ -172,6 +172,7 @@ class Engine:
         from .sampler import Sampler  # here to keep the import graph one-way
 
         self.sampler = Sampler(self)
+        lora_batch.install()
 
     def close(self) -> None:
         self.sampler.close()
@@ -319,6 +320,7 @@ class Engine:
                 seed=body.seed,
             )
             self.adapters[body.name] = adapter
+            lora_batch.bump()
             return adapter.info()
 
     def _drop_peft_adapter(self, base: Base, name: str) -> None:
@@ -334,6 +336,7 @@ class Engine:
             info = adapter.info()
             self._drop_peft_adapter(adapter.base, name)
             del self.adapters[name]
+            lora_batch.bump()
             return info
 
     # ------------------------------------------------------------------------------------------------
@@ -611,6 +614,7 @@ class Engine:
             adapter.optimizer.step()
             adapter.optimizer.zero_grad(set_to_none=True)
             adapter.version += 1
+            lora_batch.bump()
             return OptimStepResponse(
                 adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr
             )
@@ -726,6 +730,7 @@ class Engine:
                 )
                 a.version = int(m["version"])
                 a.lr = float(m["lr"])
+            lora_batch.bump()
             rng = torch.load(root / "rng.pt", weights_only=False)
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])

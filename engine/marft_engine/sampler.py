@@ -255,6 +255,15 @@ class Sampler:
                     new.append(r)
         if not new:
             return
+        try:
+            self._prefill(base, run, new)
+        except Exception as e:  # the popped rows are in no queue or batch yet: fail their calls here
+            for r in new:
+                if not r.job.future.done():
+                    r.job.future.set_exception(e)
+            raise
+
+    def _prefill(self, base: Base, run: Running | None, new: list[Row]) -> None:
         # Prefill each distinct (request, prompt) once, left-padded; its n samples then share the cache.
         keys: dict[tuple[int, int], int] = {}
         uniq: list[Row] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from marft_engine import lora_batch
 from marft_engine.engine import Engine
 from marft_engine.schemas import AdapterCreate, LoraConfig, OptimizerConfig
 
@@ -16,6 +17,7 @@ def perturb(engine: Engine, name: str, seed: int, scale: float = 0.5) -> None:
     with torch.no_grad():
         for p in engine.adapters[name].params:
             p.add_(torch.randn(p.shape, generator=g) * scale)
+    lora_batch.bump()  # weights changed behind the engine's back
 
 
 def add_policy(engine: Engine, name: str, base: str = "b", seed: int = 0, lr: float = 1e-2) -> None:

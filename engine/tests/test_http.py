@@ -194,3 +194,20 @@ def test_round_trip_over_http(client: TestClient) -> None:
     assert stats["endpoints"]["POST /v1/sample"]["calls"] >= 1
     assert stats["rss_bytes"] > 0
     assert client.get("/v1/bases").json()["bases"][0]["name"] == "b"
+
+
+def test_a_failing_decode_step_fails_its_call_not_the_engine(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from marft_engine.sampler import Sampler
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise RuntimeError("simulated decode failure")
+
+    monkeypatch.setattr(Sampler, "_model_call", boom)
+    body = {"requests": [{"adapter": "p", "prompt_ids": [1, 2], "sampling": {"max_new_tokens": 3}}]}
+    r = client.post("/v1/sample", json=body)
+    assert r.status_code == 500 and "simulated decode failure" in r.json()["message"]
+    monkeypatch.undo()
+    r = client.post("/v1/sample", json=body)
+    assert r.status_code == 200 and len(r.json()["results"][0]["completions"][0]["response_ids"]) == 3

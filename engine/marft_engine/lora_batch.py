@@ -1,0 +1,82 @@
+"""Mixed-adapter LoRA for decoding: one gathered, batched matmul per layer.
+
+PEFT's `adapter_names` path loops over the distinct adapters of a batch in every LoRA layer (gather the
+rows, two small matmuls, scatter back). With several agents in one decode batch that loop costs more
+than the LoRA math. Here each LoRA Linear keeps its adapters' weights stacked, A [n, r, d_in] and
+B * scaling [n, d_out, r] (slot 0 is all zeros, for "__base__" rows), and every row picks its slot:
+two bmm calls per layer whatever the number of adapters. Every row is computed on its own, so a row's
+result does not depend on the rest of the batch.
+
+Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT); training
+goes one adapter at a time through PEFT's ordinary forward. The stacks are rebuilt when `bump()` says
+weights may have changed (optimizer steps, loads, adapter creation and deletion).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from peft.tuners.lora import layer as lora_layer
+
+_epoch = 0
+_original = lora_layer.Linear._mixed_batch_forward
+
+
+def bump() -> None:
+    """Some LoRA weight may have changed: rebuild the stacks on next use."""
+    global _epoch
+    _epoch += 1
+
+
+def _stacks(module: Any, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    key = (names, _epoch)
+    cached = getattr(module, "_marft_stacks", None)
+    if cached is not None and cached[0] == key:
+        return cached[1], cached[2], cached[3]
+    present = [a for a in names if a in module.lora_A]
+    base = module.get_base_layer()
+    d_in, d_out = base.in_features, base.out_features
+    r = max([module.r[a] for a in present], default=1)
+    ref = module.lora_A[present[0]].weight if present else base.weight
+    A = torch.zeros((len(present) + 1, r, d_in), dtype=torch.float32, device=ref.device)  # [n+1, r, d_in]
+    B = torch.zeros((len(present) + 1, d_out, r), dtype=torch.float32, device=ref.device)  # [n+1, d_out, r]
+    slot = {}
+    with torch.no_grad():
+        for j, a in enumerate(present, start=1):
+            ra = module.r[a]
+            A[j, :ra] = module.lora_A[a].weight.float()
+            B[j, :, :ra] = module.lora_B[a].weight.float() * module.scaling[a]
+            slot[a] = j
+    module._marft_stacks = (key, A, B, slot)
+    return A, B, slot
+
+
+def _mixed_batch_forward(
+    self: Any, x: torch.Tensor, *args: Any, adapter_names: list[str], **kwargs: Any
+) -> torch.Tensor:
+    names = tuple(sorted(set(adapter_names)))
+    if (
+        self.training
+        or x.dim() != 3
+        or any(a in self.lora_variant for a in names)
+        or any(
+            not isinstance(self.lora_dropout[a], torch.nn.Identity) and self.lora_dropout[a].p > 0
+            for a in names
+            if a in self.lora_dropout
+        )
+    ):
+        return _original(self, x, *args, adapter_names=adapter_names, **kwargs)
+    for k in lora_layer.VARIANT_KWARG_KEYS:  # PEFT's per-variant arguments, not for the base layer
+        kwargs.pop(k, None)
+    result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
+    A, B, slot = _stacks(self, names)
+    idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=x.device)  # [B]
+    xa = torch.bmm(x.to(A.dtype), A.index_select(0, idx).transpose(1, 2))  # [B, T, r]
+    out = torch.bmm(xa, B.index_select(0, idx).transpose(1, 2))  # [B, T, d_out]
+    return result + out.to(result.dtype)
+
+
+def install() -> None:
+    """Route PEFT's per-row adapter path for LoRA Linear layers through the batched version."""
+    lora_layer.Linear._mixed_batch_forward = _mixed_batch_forward
