@@ -200,7 +200,10 @@ class Engine:
         with self.compute():
             if body.name in self.bases:
                 raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
-        model, tokenizer = load_source(body.source, body.seed)
+        try:
+            model, tokenizer = load_source(body.source, body.seed)
+        except (OSError, ValueError) as e:  # unreadable or foreign files: the caller's source is wrong
+            raise bad_request(f"source: cannot load {body.source!r}: {e}") from e
         dtype = torch.float32
         if self.device.type == "cuda" and body.dtype in ("auto", "bfloat16"):
             dtype = torch.bfloat16

@@ -12,6 +12,7 @@ from helpers import add_policy
 
 from marft_engine import losses
 from marft_engine.engine import Engine
+from marft_engine.errors import EngineError
 from marft_engine.models import load_tiny
 from marft_engine.schemas import (
     AdapterCreate,
@@ -337,3 +338,29 @@ def test_two_bases_in_one_call(engine: Engine) -> None:
     finally:
         engine.delete_adapter("qa")
         del engine.bases["q"]
+
+
+def test_hf_source_and_bad_sources(engine: Engine, tmp_path: Path) -> None:
+    model, tok = load_tiny("qwen2", 3)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    engine.create_base(BaseCreate(name="hfb", source=f"hf:{tmp_path / 'm'}"))
+    engine.create_base(BaseCreate(name="tq", source="tiny:qwen2", seed=3))
+    try:
+        probe = [Datum(tokens=s) for s in seqs(2, 8)]
+        a = engine.forward(ForwardRequest(adapter="__base__", base="hfb", data=probe)).results
+        b = engine.forward(ForwardRequest(adapter="__base__", base="tq", data=probe)).results
+        assert a == b
+        assert (
+            engine.bases["hfb"]
+            .tokenizer.apply_chat_template(
+                [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False
+            )
+            .endswith("<|im_start|>assistant\n")
+        )
+        for source in (f"hf:{tmp_path}", f"gguf:{tmp_path / 'none.gguf'}", "pkg:other", "s3:x"):
+            with pytest.raises(EngineError) as err:
+                engine.create_base(BaseCreate(name="bad", source=source))
+            assert err.value.status == 400 and err.value.message.startswith("source:")
+    finally:
+        del engine.bases["hfb"], engine.bases["tq"]
