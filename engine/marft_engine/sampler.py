@@ -176,7 +176,7 @@ class Sampler:
             for k in range(sp.n):
                 gen = None
                 if sp.temperature > 0:
-                    gen = torch.Generator(device="cpu")
+                    gen = torch.Generator(device=base.device)  # multinomial needs one on the logits device
                     gen.manual_seed(_row_seed([req.seed, k] if req.seed is not None else [seed, i, k]))
                 rows_by_base.setdefault(base.name, []).append(
                     Row(
