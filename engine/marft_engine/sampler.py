@@ -98,6 +98,7 @@ class Sampler:
         self.queued: dict[str, deque[Row]] = {}  # base name -> rows waiting for admission
         self.running: dict[str, Running] = {}
         self.stopped = False
+        self.peak_batch = 0  # most rows decoded together so far (observability, tests)
         self.thread = threading.Thread(target=self._loop, name="marft-sampler", daemon=True)
         self.thread.start()
 
@@ -317,6 +318,7 @@ class Sampler:
             return
         dev = base.device
         B = len(run.rows)
+        self.peak_batch = max(self.peak_batch, B)
         ids = torch.tensor([[r.out[-1]] for r in run.rows], device=dev)  # [B, 1]
         mask = torch.cat([run.mask, torch.ones((B, 1), dtype=run.mask.dtype, device=dev)], dim=1)  # [B, L+1]
         logits = self._model_call(

@@ -319,6 +319,14 @@ def test_calls_are_let_in_between_decode_steps(engine: Engine) -> None:
         time.sleep(0.001)
     engine.forward(ForwardRequest(adapter="B", data=[Datum(tokens=[1, 2, 3])]))
     assert not fut.done(), "forward waited for the whole sampling call"
+    # a call that arrives mid-decode joins the running batch (continuous batching)
+    engine.sampler.peak_batch = 0
+    short = SamplingParams(max_new_tokens=5, n=3)
+    late = engine.sample(
+        SampleBatch(requests=[SampleRequest(adapter="B", prompt_ids=[9] * 30, sampling=short)])
+    )
+    assert not fut.done() and engine.sampler.peak_batch == 4
+    assert [len(c.response_ids) for c in late.results[0].completions] == [5, 5, 5]
     assert len(fut.result().results[0].completions[0].response_ids) == 600
 
 
