@@ -121,9 +121,14 @@ class Sampler:
             if not req.messages:
                 raise bad_request(f"requests[{i}].messages: empty")
             msgs = [m.model_dump() for m in req.messages]
-            out = base.tokenizer.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+            try:
+                out = base.tokenizer.apply_chat_template(
+                    msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            except (ValueError, TypeError) as e:  # e.g. a tokenizer without a chat template
+                raise bad_request(
+                    f"requests[{i}].messages: cannot apply the chat template of base {base.name!r}: {e}"
+                ) from e
             ids = [int(t) for t in (out["input_ids"] if isinstance(out, dict) else out)]
             field_name = "messages"
         else:
