@@ -214,18 +214,26 @@ def _watch_parent(parent_pid: int, stop: Callable[[], None]) -> None:
     """Exit when the parent is gone, so a killed CLI never leaves an orphan engine."""
     while True:
         time.sleep(1.0)
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
+        if _process_gone(parent_pid):
             log.info("parent %d is gone; exiting", parent_pid)
             stop()
-            return
-        except PermissionError:
-            pass  # exists, owned by someone else
-        if os.getppid() == 1 and parent_pid != 1:
-            log.info("reparented to init; parent %d is gone; exiting", parent_pid)
-            stop()
-            return
+            time.sleep(10.0)  # a graceful stop waits for running calls; an orphan must not linger
+            log.warning("still running 10 s after the parent left; exiting now")
+            os._exit(0)
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # exists, owned by someone else
+    try:  # a killed process that nobody has reaped yet still answers kill(0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:

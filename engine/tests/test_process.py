@@ -110,9 +110,9 @@ def test_engine_exits_when_its_parent_dies() -> None:
         assert httpx.get(f"{url}/v1/health", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         time.sleep(1.5)
         assert proc.poll() is None  # alive while the parent is
-        parent.kill()
-        parent.wait()
+        parent.kill()  # not reaped yet: a zombie still answers kill(pid, 0)
         assert wait_exit(proc, 10) is not None
+        parent.wait()
     finally:
         parent.kill()
         proc.kill()
