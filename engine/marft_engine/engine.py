@@ -328,7 +328,12 @@ class Engine:
 
     def _drop_peft_adapter(self, base: Base, name: str) -> None:
         assert base.peft is not None
-        base.peft.delete_adapter(name)
+        if list(base.peft.peft_config) == [name]:
+            # PEFT does not work with zero adapters: take the LoRA layers out and drop the wrapper
+            base.hf = base.peft.unload()
+            base.peft = None
+        else:
+            base.peft.delete_adapter(name)
 
     def list_adapters(self) -> AdapterList:
         return AdapterList(adapters=[a.info() for a in self.adapters.values()])

@@ -372,3 +372,25 @@ def test_hf_source_and_bad_sources(engine: Engine, tmp_path: Path) -> None:
             assert err.value.status == 400 and err.value.message.startswith("source:")
     finally:
         del engine.bases["hfb"], engine.bases["tq"]
+
+
+def test_deleting_the_last_adapter_of_a_base_leaves_a_working_base(engine: Engine) -> None:
+    engine.create_base(BaseCreate(name="solo", source="tiny:llama", seed=0))
+    try:
+        probe = [Datum(tokens=[1, 2, 3, 4])]
+        before = engine.forward(ForwardRequest(adapter="__base__", base="solo", data=probe)).results
+        add_policy(engine, "only", base="solo", seed=8)
+        engine.delete_adapter("only")
+        assert engine.forward(ForwardRequest(adapter="__base__", base="solo", data=probe)).results == before
+        sp = SamplingParams(temperature=0, max_new_tokens=3)
+        out = engine.sample(
+            SampleBatch(
+                requests=[SampleRequest(adapter="__base__", base="solo", prompt_ids=[1], sampling=sp)]
+            )
+        )
+        assert len(out.results[0].completions[0].response_ids) == 3
+        add_policy(engine, "only", base="solo", seed=8)
+        assert engine.forward(ForwardRequest(adapter="only", data=probe)).results != before
+        engine.delete_adapter("only")
+    finally:
+        del engine.bases["solo"]
