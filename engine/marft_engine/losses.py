@@ -91,11 +91,12 @@ def ppo_loss(
 
     ratio_level "sequence": one ratio per datum from the action's log-prob (weighted token sum or
     mean), applied to every action token of that datum."""
+    on = weights > 0  # [B, T] unweighted positions (prompt, padding) must not overflow exp into inf * 0
     if ratio_level == "token":
-        log_ratio = logp - old_logp  # [B, T]
+        log_ratio = (logp - old_logp) * on  # [B, T]
     elif ratio_level == "sequence":
         w_sum = weights.sum(-1, keepdim=True).clamp_min(1e-8)  # [B, 1]
-        seq = ((logp - old_logp) * weights).sum(-1, keepdim=True)  # [B, 1]
+        seq = ((logp - old_logp) * on * weights).sum(-1, keepdim=True)  # [B, 1]
         if sequence_logprob == "mean":
             seq = seq / w_sum
         log_ratio = seq.expand_as(logp)  # [B, T]
@@ -110,7 +111,7 @@ def ppo_loss(
         per_token = per_token - entropy_coef * entropies
     kl = None
     if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp, kl_estimator)  # [B, T]
+        kl = kl_penalty(logp * on, ref_logp * on, kl_estimator)  # [B, T]
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl
     loss = aggregate(per_token, weights, aggregation, norm)
@@ -127,7 +128,7 @@ def importance_sampling_loss(
     norm: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unclipped off-policy policy gradient: -(p / q) A per token. Returns (loss, ratio [B, T])."""
-    ratio = (logp - old_logp).exp()  # [B, T]
+    ratio = ((logp - old_logp) * (weights > 0)).exp()  # [B, T] unweighted positions: ratio 1
     return aggregate(-ratio * advantages, weights, aggregation, norm), ratio
 
 

@@ -117,3 +117,18 @@ def test_token_logprobs_alignment_and_temperature() -> None:
     assert lp[:, 0].abs().sum() == 0
     expect = torch.log_softmax(logits[1, 2] / 0.5, -1)[tokens[1, 3]]
     assert lp[1, 3].item() == pytest.approx(expect.item())
+
+
+def test_unweighted_positions_cannot_poison_the_loss() -> None:
+    # a prompt position with a wild old log-prob: exp would overflow to inf, and inf * 0 is nan
+    logp = torch.tensor([[0.0, -1.0, -1.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -200.0, -1.0]])
+    adv = torch.tensor([[0.0, 5.0, 1.0]])
+    w = torch.tensor([[0.0, 0.0, 1.0]])
+    ref = torch.tensor([[0.0, -300.0, -1.0]])
+    terms = losses.ppo_loss(logp, old, adv, w, None, ref, norm=1.0, **dict(PPO, kl_coef=0.1))
+    terms.loss.backward()
+    assert terms.loss.item() == pytest.approx(-1.0)
+    assert torch.isfinite(logp.grad).all()
+    loss, _ = losses.importance_sampling_loss(logp, old, adv, w, aggregation="token-mean", norm=1.0)
+    assert loss.item() == pytest.approx(-1.0)
