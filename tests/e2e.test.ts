@@ -22,7 +22,7 @@ import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
 const ROOT = join(import.meta.dirname, "..");
 
 /** P(X >= k) for X ~ Binomial(n, p), summed in log space. */
-export function binomialUpperTail(k: number, n: number, p: number): number {
+function binomialUpperTail(k: number, n: number, p: number): number {
   const logC = (n: number, j: number) => {
     let s = 0;
     for (let i = 1; i <= j; i++) s += Math.log((n - j + i) / i);
