@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from .errors import bad_request
+from .errors import EngineError, bad_request
 from .schemas import (
     Completion,
     SampleBatch,
@@ -321,6 +321,19 @@ class Sampler:
         run = self.running.get(base.name)
         if run is None:
             return
+        gone = [r for r in run.rows if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters]
+        if gone:  # deleted mid-decode: fail those calls rather than silently continue on the bare base
+            for r in gone:
+                if not r.job.future.done():
+                    r.job.future.set_exception(
+                        EngineError(409, "conflict", f"adapter {r.adapter!r} was deleted while sampling")
+                    )
+                r.finish = "length"
+            run = self._drop_finished(base, run)
+            if not run.rows:
+                del self.running[base.name]
+                return
+            self.running[base.name] = run
         dev = base.device
         B = len(run.rows)
         self.peak_batch = max(self.peak_batch, B)

@@ -330,6 +330,20 @@ def test_calls_are_let_in_between_decode_steps(engine: Engine) -> None:
     assert len(fut.result().results[0].completions[0].response_ids) == 600
 
 
+def test_deleting_an_adapter_mid_decode_fails_its_call(engine: Engine) -> None:
+    add_policy(engine, "doomed", seed=12)
+    long = SamplingParams(max_new_tokens=600, ignore_eos=True)
+    fut = engine.submit_sample(
+        SampleBatch(requests=[SampleRequest(adapter="doomed", prompt_ids=[1], sampling=long)])
+    )
+    while "b" not in engine.sampler.running and not fut.done():
+        time.sleep(0.001)
+    engine.delete_adapter("doomed")
+    with pytest.raises(EngineError) as err:
+        fut.result(timeout=60)
+    assert err.value.status == 409 and "deleted" in err.value.message
+
+
 def test_two_bases_in_one_call(engine: Engine) -> None:
     engine.create_base(BaseCreate(name="q", source="tiny:qwen2", seed=5))
     try:
