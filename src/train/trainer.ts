@@ -14,7 +14,7 @@
 // whose state is checkpointed, so on CPU a resumed run reproduces the uninterrupted run's metrics.
 import { join } from "node:path";
 import { explainedVariance, mean, std, ZeroAdvantageDetector } from "../algo/index.ts";
-import { type EngineClient, EngineError, type Schemas } from "../client/client.ts";
+import { type EngineClient, EngineError } from "../client/client.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import { checkStaleness } from "../rollout/index.ts";
 import {
