@@ -61,6 +61,8 @@ hf_logging.set_verbosity_error()
 
 BASE_ADAPTER = "__base__"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see _micro_batches).
+LOGITS_BUDGET = 2**25
 
 
 @dataclass
@@ -406,8 +408,15 @@ class Engine:
             if d.weights is not None and d.weights[0] != 0:
                 raise bad_request(f"data[{i}].weights[0]: must be 0 (token 0 has no prediction)")
 
-    def _micro_batches(self, data: list[Datum], budget: int) -> list[list[int]]:
-        """Consecutive groups whose padded size (rows x longest) stays within the token budget."""
+    def _micro_batches(self, data: list[Datum], budget: int, vocab: int = 0) -> list[list[int]]:
+        """Consecutive groups whose padded size (rows x longest) stays within the token budget.
+
+        The budget is also capped so one micro-batch's fp32 logits [B, T, V] stay near
+        LOGITS_BUDGET elements: with a 49k vocabulary, 8192 tokens of logits and the log-softmax,
+        exp and gradient tensors built from them take over 10 GB, which a 24 GB machine cannot spare.
+        """
+        if vocab > 0:
+            budget = max(16, min(budget, LOGITS_BUDGET // vocab))
         groups: list[list[int]] = []
         cur: list[int] = []
         longest = 0
@@ -464,7 +473,7 @@ class Engine:
             self._validate_data(base, body.data, [])
             results: list[ForwardResult] = [ForwardResult() for _ in body.data]
             with torch.no_grad(), self._active(base, adapter):
-                for idx in self._micro_batches(body.data, body.micro_batch_tokens):
+                for idx in self._micro_batches(body.data, body.micro_batch_tokens, base.vocab_size):
                     ids, mask = self._inputs(base, body.data, idx)
                     if adapter is not None and adapter.kind == "critic":
                         values = self._values(base, adapter, ids, mask)
@@ -509,7 +518,7 @@ class Engine:
             norm = total_w if agg == "token-mean" else float(len(data))
             st = _CallStats()
             total_loss = 0.0
-            groups = self._micro_batches(data, body.micro_batch_tokens)
+            groups = self._micro_batches(data, body.micro_batch_tokens, base.vocab_size)
             cfg = body.ppo
             want_ref = body.loss == "ppo" and cfg.kl_coef > 0
             for idx in groups:
