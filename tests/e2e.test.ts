@@ -3,12 +3,13 @@
 // rises by a margin chance cannot explain. Fixed seed, CPU. Both curves are left in
 // runs/e2e-marft-a/metrics.jsonl and runs/e2e-critic-free/metrics.jsonl.
 //
-// What is learned, measured honestly: the untrained team often answers with a byte that is not a
-// printable character (no first character: wrong), so it starts near 0.27; the trained team answers
-// with a printable character of one parity class and earns about the share of that class's secret in
-// the batch (~0.5). Real communication (the listener decoding the speaker) is a symmetric saddle from
-// random init (a Lewis signalling game) and did not emerge within this budget; the gain threshold is
-// therefore 0.15, not 0.25.
+// The speaker also earns the task's shaping reward (its own first character states the secret),
+// routed per role (configs/tiny-secret.yaml explains why). Measured with the fixed seed: critic-free
+// learns to communicate (the speaker says the secret, then the listener decodes it: team reward
+// ~0.28 -> 1.0, above what any team that ignores the speaker can earn, about the batch's share of one
+// letter); with MARFT-A the speaker learns the secret but the listener does not decode it within 60
+// iterations: the team reward still rises (~0.26 -> ~0.5) by answering with a printable character of
+// one class, so its bar is the weaker "beyond the untrained team" one.
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -59,7 +60,14 @@ async function learn(estimator: "marft-a" | "critic-free") {
   const p0 = mean(first);
   const n = last.length * episodes;
   const k = Math.round(mean(last) * n);
-  return { reward, gain: mean(last) - p0, p: binomialUpperTail(k, n, p0) };
+  const speaker = rows.map((r) => r["reward/speaker"] as number);
+  return {
+    reward,
+    gain: mean(last) - p0,
+    p: binomialUpperTail(k, n, p0),
+    lastMean: mean(last),
+    speakerLast: mean(speaker.slice(-3)),
+  };
 }
 
 describe("binomial tail", () => {
@@ -76,8 +84,16 @@ describe("end-to-end learning on `secret` (tiny model, CPU)", () => {
     async (estimator) => {
       const r = await learn(estimator);
       console.log(`${estimator}: reward per iteration ${r.reward.map((x) => x.toFixed(2)).join(" ")}`);
-      expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.15);
       expect(r.p).toBeLessThan(0.01);
+      // the speaker learned to state the secret it sees
+      expect(r.speakerLast).toBeGreaterThan(0.9);
+      if (estimator === "critic-free") {
+        // communication: no team that ignores the speaker gets near this
+        expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.5);
+        expect(r.lastMean).toBeGreaterThan(0.9);
+      } else {
+        expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.15);
+      }
     },
     300_000,
   );
