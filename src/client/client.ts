@@ -11,7 +11,13 @@
 //   accumulate gradients twice, optim_step would step twice.
 // - HTTP errors (4xx/5xx) and timeouts are never retried. They raise `EngineError` carrying the
 //   engine's status, error kind and message (which names the offending field).
+import { Agent, fetch, type Response } from "undici";
 import type { components } from "./openapi.d.ts";
+
+// Node's built-in fetch gives up on any answer that takes over 300 s to start (undici's
+// headersTimeout), and a long sample or training call on CPU can. Our own AbortSignal timeout is the
+// only limit we want, so this dispatcher has none of its own.
+const NO_IDLE_LIMITS = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 
 export type Schemas = components["schemas"];
 
@@ -183,6 +189,7 @@ export class EngineClient {
       let text: string;
       try {
         res = await fetch(this.url + path, {
+          dispatcher: NO_IDLE_LIMITS,
           method,
           headers: {
             authorization: `Bearer ${this.token}`,
