@@ -90,9 +90,7 @@ function referenceRollout(
   return { seconds: r.seconds, tokens: r.response_tokens };
 }
 
-export async function benchRollout(
-  opts: { quick?: boolean; log?: (s: string) => void } = {},
-): Promise<{
+export async function benchRollout(opts: { quick?: boolean; log?: (s: string) => void } = {}): Promise<{
   cases: RolloutBenchCase[];
   rollout_speedup_2_agents: number;
   rollout_speedup_4_agents: number;
