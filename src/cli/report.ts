@@ -5,7 +5,7 @@ import type { EvalResult } from "../train/evaluate.ts";
 import type { MetricsRow } from "../train/trainer.ts";
 
 interface Job {
-  before: EvalResult;
+  before?: EvalResult;
   after: EvalResult;
   metrics: MetricsRow[];
 }
@@ -80,7 +80,7 @@ function series(rows: MetricsRow[], key: string): number[] {
   return rows.map((r) => (typeof r[key] === "number" ? (r[key] as number) : Number.NaN));
 }
 
-function transcripts(job: Job, count: number): string {
+function transcripts(job: Job & { before: EvalResult }, count: number): string {
   const after = new Map(job.after.problems.map((p) => [p.taskId, p]));
   const picked = job.before.problems.filter((p) => after.has(p.taskId)).slice(0, count);
   const show = (t: Array<{ role: string; content: string }>) =>
@@ -96,7 +96,7 @@ function transcripts(job: Job, count: number): string {
 
 export function renderReport(r: {
   summary: Record<string, unknown>;
-  team: Job;
+  team: Job & { before: EvalResult };
   baseline?: Job;
   config: RunConfig;
 }): string {
@@ -109,10 +109,8 @@ export function renderReport(r: {
     { name: "team before", acc: r.team.before.accuracy, ci: r.team.before.ci95 },
     { name: "team after", acc: r.team.after.accuracy, ci: r.team.after.ci95 },
   ];
-  if (r.baseline) {
-    bars.push({ name: "single before", acc: r.baseline.before.accuracy, ci: r.baseline.before.ci95 });
-    bars.push({ name: "single after", acc: r.baseline.after.accuracy, ci: r.baseline.after.ci95 });
-  }
+  if (r.baseline)
+    bars.push({ name: "single agent after", acc: r.baseline.after.accuracy, ci: r.baseline.after.ci95 });
   return `<!doctype html><html><head><meta charset="utf-8"><title>MARFT demo report</title>
 <style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
 .grid{display:flex;flex-wrap:wrap;gap:16px}.msg{margin:4px 0;white-space:pre-wrap;font-size:13px}

@@ -27,7 +27,7 @@ export function arithmeticProblem(rng: () => number, id: string): MathProblem {
   const item = pick(rng, ITEMS);
   const b = int(rng, 1, 9);
   if (rng() < 0.5) {
-    const a = int(rng, 2, 12);
+    const a = int(rng, 1, 9);
     const verb = pick(rng, GAIN);
     return {
       id,
@@ -35,7 +35,7 @@ export function arithmeticProblem(rng: () => number, id: string): MathProblem {
       answer: String(a + b),
     };
   }
-  const a = b + int(rng, 1, 12);
+  const a = b + int(rng, 1, 9);
   const verb = pick(rng, LOSS);
   return {
     id,
