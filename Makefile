@@ -55,7 +55,7 @@ demo: setup
 	npx marft demo
 
 bench: setup
-	npx marft bench
+	npx marft bench --quick
 
 clean:
 	rm -rf node_modules $(VENV) .cache
