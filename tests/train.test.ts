@@ -121,6 +121,7 @@ describe("one run per estimator and schedule (real engine, tiny model)", () => {
   it("MARFT-T: token-level values and advantages", async () => {
     const { rows } = await runTiny(["algo.estimator=marft-t", "train.iterations=1"]);
     expectAgentKeys(rows[0]!, "listener");
+    expect(rows[0]).not.toHaveProperty(["logprob_mismatch/listener"]); // fp32 + auto: the sampler's
     expect(rows[0]).toHaveProperty(["value/explained_variance"]);
   });
 
@@ -129,6 +130,18 @@ describe("one run per estimator and schedule (real engine, tiny model)", () => {
     expectAgentKeys(rows[0]!, "speaker");
     expect(rows[0]).not.toHaveProperty(["loss/value"]);
     expect(rows[0]).toHaveProperty(["kl_ref/speaker"]);
+  });
+
+  it("PPO's old log-probs: recomputed by a forward pass in bf16 (auto) or when asked, else the sampler's", async () => {
+    const fp32 = await runTiny(["train.iterations=1", "ppo.recomputeLogprobs=true"]);
+    // fp32 on CPU: the forward pass reproduces the sampler's log-probs
+    expect(fp32.rows[0]!["logprob_mismatch/speaker"]).toBeLessThan(1e-4);
+    const bf16 = await runTiny(["train.iterations=1", "bases.tiny.dtype=bfloat16"]);
+    // bf16: they differ (which is why auto recomputes), by bf16 rounding only
+    const m = bf16.rows[0]!["logprob_mismatch/listener"]!;
+    expect(m).toBeGreaterThan(0);
+    expect(m).toBeLessThan(0.2);
+    expectAgentKeys(bf16.rows[0]!, "listener");
   });
 
   it("agent-by-agent after a critic warm-up: one agent per iteration, the critic always", async () => {

@@ -63,6 +63,9 @@ BASE_ADAPTER = "__base__"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 # Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see _micro_batches).
 LOGITS_BUDGET = 2**25
+# Model families whose logits are exactly lm_head(final hidden state): the loss may run the head on
+# the weighted positions only (see Engine._token_scores).
+PLAIN_HEAD_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
 @dataclass
@@ -206,10 +209,13 @@ class Engine:
             model, tokenizer = load_source(body.source, body.seed)
         except (OSError, ValueError) as e:  # unreadable or foreign files: the caller's source is wrong
             raise bad_request(f"source: cannot load {body.source!r}: {e}") from e
+        # bf16: by default on GPU; on CPU only when asked for, since it is fast only where the CPU has
+        # bf16 instructions (AVX512_BF16 / AMX: about 2.7x for a training step on this project's
+        # 2-core test machine) and fp32 keeps the exact sample/forward parity the tests rely on.
         dtype = torch.float32
-        if self.device.type == "cuda" and body.dtype in ("auto", "bfloat16"):
+        if body.dtype == "bfloat16" or (self.device.type == "cuda" and body.dtype == "auto"):
             dtype = torch.bfloat16
-        # The base is frozen; on GPU it is stored in bf16 (LoRA weights and optimizer state stay fp32).
+        # The base is frozen and stored in its compute dtype (LoRA weights and optimizer state stay fp32).
         model = model.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
         eos = tokenizer.eos_token_id
         eos_ids = sorted({int(eos)} if eos is not None else set())
@@ -362,8 +368,8 @@ class Engine:
     # forward and training
 
     def autocast(self, base: Base) -> contextlib.AbstractContextManager[Any]:
-        if base.device.type == "cuda" and base.dtype == torch.bfloat16:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if base.dtype == torch.bfloat16:
+            return torch.autocast(base.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
@@ -460,6 +466,24 @@ class Engine:
         with self.autocast(base):
             return base.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
 
+    def _token_scores(
+        self, base: Base, ids: torch.Tensor, mask: torch.Tensor, w: torch.Tensor, temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp, entropy) [B, T] as losses.logprobs_and_entropies, but only where the weight w [B, T]
+        is positive; zero elsewhere. Why: the LM head and its softmax are a vocabulary-wide (49k for
+        SmolLM2) matmul and fp32 pass per position, and a policy's loss needs only the action tokens,
+        not the prompt's, which are most of a sequence. Other model families (logit scaling or
+        soft-capping in their forward) take the full-logits path."""
+        if base.hf.config.model_type not in PLAIN_HEAD_MODELS:
+            return losses.logprobs_and_entropies(self._logits(base, ids, mask), ids, temperature)
+        sel = w > 0  # [B, T]
+        sel[:, 0] = False  # position 0 predicts nothing
+        with self.autocast(base):
+            hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            logits = base.hf.lm_head(hidden[:, :-1][sel[:, 1:]])  # [N, V]: the state before each token
+        logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], temperature)  # [N], [N]
+        return losses.scatter_selected(logp, sel), losses.scatter_selected(ent, sel)
+
     def _values(self, base: Base, adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """values[b, t] = V(tokens[b, : t + 1]) from the last (final-norm) hidden state."""
         assert adapter.value_head is not None
@@ -527,7 +551,7 @@ class Engine:
                 ref_logp = None
                 if want_ref:
                     with torch.no_grad(), self._active(base, None):
-                        ref_logp = losses.token_logprobs(self._logits(base, ids, mask), ids, body.temperature)
+                        ref_logp, _ = self._token_scores(base, ids, mask, w, body.temperature)
                 with self._active(base, adapter, train=True):
                     if body.loss == "value":
                         values = self._values(base, adapter, ids, mask)  # [B, T]
@@ -554,9 +578,8 @@ class Engine:
                         st.add("residual_sq", ((returns - v) ** 2 * w).sum())
                         st.add("clipfrac", (clipped.float() * w).sum())
                     else:
-                        logits = self._logits(base, ids, mask)
                         need_ent_grad = body.loss == "ppo" and cfg.entropy_coef != 0
-                        logp, ent = losses.logprobs_and_entropies(logits, ids, body.temperature)
+                        logp, ent = self._token_scores(base, ids, mask, w, body.temperature)
                         if not need_ent_grad:
                             ent = ent.detach()
                         st.add("entropy", (ent.detach() * w).sum())

@@ -41,6 +41,21 @@ def logprobs_and_entropies(
     return F.pad(picked, (1, 0)), F.pad(ent, (1, 0))
 
 
+def selected_logprobs_and_entropies(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For N selected positions only: logits [N, V] predicting tokens [N] -> (logp [N], entropy [N])."""
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # [N, V]
+    picked = logp.gather(-1, tokens[:, None]).squeeze(-1)  # [N]
+    ent = -(logp.exp() * logp).sum(-1)  # [N]
+    return picked, ent
+
+
+def scatter_selected(values: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """values [N] of the True entries of sel [B, T] (row-major order) back in place; zeros elsewhere."""
+    return torch.zeros(sel.shape, dtype=values.dtype, device=values.device).masked_scatter(sel, values)
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from samples of the policy (Schulman's k1/k2/k3)."""
     log_ratio = ref_logp - logp  # [B, T]  log(ref / policy)

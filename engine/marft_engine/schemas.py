@@ -51,7 +51,9 @@ class BaseCreate(Strict):
         "gguf:<file>, or pkg:smollm2-135m-instruct"
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto: float32 on CPU, bfloat16 autocast on GPU (LoRA weights stay fp32)"
+        "auto",
+        description="auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: bf16 autocast on either "
+        "(fast on CPUs with AVX512_BF16 or AMX). LoRA weights and optimizer state stay fp32.",
     )
     seed: int = Field(0, description="Seed for random-init (tiny:) bases.")
 

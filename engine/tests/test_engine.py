@@ -408,3 +408,75 @@ def test_deleting_the_last_adapter_of_a_base_leaves_a_working_base(engine: Engin
         engine.delete_adapter("only")
     finally:
         del engine.bases["solo"]
+
+
+def test_head_on_weighted_positions_only_equals_full_logits(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss runs the LM head only where weights > 0 (prompts cost no vocabulary-wide work);
+    the loss, its stats and its gradient equal the full-logits computation's."""
+    from marft_engine import engine as engine_module
+
+    add_policy(engine, "sel", seed=12)
+    params = engine.adapters["sel"].params
+    data = ppo_data(engine, "sel", 41, n=5)
+    # Only the second half of each sequence is an action (weight 1), as in a prompt + response.
+    data = [
+        d.model_copy(
+            update={"weights": [0.0 if t < len(d.tokens) // 2 else 1.0 for t in range(len(d.tokens))]}
+        )
+        for d in data
+    ]
+    cfg = PPOConfig(entropy_coef=0.01, kl_coef=0.1)
+
+    def run() -> tuple[float, dict[str, float], list[torch.Tensor]]:
+        r = engine.forward_backward(ForwardBackwardRequest(adapter="sel", loss="ppo", data=data, ppo=cfg))
+        g = [p.grad.clone() for p in params]
+        engine.adapters["sel"].optimizer.zero_grad(set_to_none=True)
+        return r.loss, r.stats, g
+
+    fast = run()
+    monkeypatch.setattr(engine_module, "PLAIN_HEAD_MODELS", frozenset())
+    full = run()
+    assert fast[0] == pytest.approx(full[0], rel=1e-5, abs=1e-7)
+    for k in ("entropy", "kl_ref", "approx_kl", "clipfrac"):
+        assert fast[1][k] == pytest.approx(full[1][k], rel=1e-4, abs=1e-7), k
+    for a, b in zip(fast[2], full[2], strict=True):
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+    assert sum(float(g.abs().sum()) for g in fast[2]) > 0
+    engine.delete_adapter("sel")
+
+
+def test_bf16_on_cpu_samples_and_trains() -> None:
+    """dtype=bfloat16 on CPU: the base computes under bf16 autocast, LoRA weights stay fp32; sampling
+    and forward agree to bf16 precision; a training step moves the adapter."""
+    eng = Engine(device="cpu")
+    try:
+        info = eng.create_base(BaseCreate(name="h", source="tiny:llama", seed=0, dtype="bfloat16"))
+        assert info.dtype == "bfloat16"
+        assert next(eng.bases["h"].hf.parameters()).dtype == torch.bfloat16
+        add_policy(eng, "p", base="h", seed=3)
+        assert all(p.dtype == torch.float32 for p in eng.adapters["p"].params)
+        reqs = [
+            SampleRequest(
+                adapter="p", prompt_ids=s, sampling=SamplingParams(temperature=1.0, max_new_tokens=8)
+            )
+            for s in seqs(4, 77)
+        ]
+        out = eng.sample(SampleBatch(requests=reqs, seed=1))
+        diffs = []
+        for res in out.results:
+            c = res.completions[0]
+            f = eng.forward(ForwardRequest(adapter="p", data=[Datum(tokens=res.prompt_ids + c.response_ids)]))
+            diffs += [
+                abs(a - b)
+                for a, b in zip(f.results[0].logprobs[len(res.prompt_ids) :], c.logprobs, strict=True)
+            ]
+        assert max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.1, diffs  # bf16: not bit-equal, but close
+        before = [p.detach().clone() for p in eng.adapters["p"].params]
+        data = ppo_data(eng, "p", 5, n=3)
+        eng.forward_backward(ForwardBackwardRequest(adapter="p", loss="ppo", data=data))
+        eng.optim_step(OptimStepRequest(adapter="p"))
+        assert any(not torch.equal(a, b) for a, b in zip(before, eng.adapters["p"].params, strict=True))
+    finally:
+        eng.close()

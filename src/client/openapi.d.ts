@@ -256,7 +256,7 @@ export interface components {
         BaseCreate: {
             /**
              * Dtype
-             * @description auto: float32 on CPU, bfloat16 autocast on GPU (LoRA weights stay fp32)
+             * @description auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: bf16 autocast on either (fast on CPUs with AVX512_BF16 or AMX). LoRA weights and optimizer state stay fp32.
              * @default auto
              * @enum {string}
              */

@@ -29,6 +29,8 @@ export interface Step {
   /** One per action (MARFT-A, critic-free) broadcast to its tokens, or one per action token (MARFT-T) [L]. */
   advantages: number[];
   returns: number[];
+  /** PPO's old log-probs when recomputed by a forward pass (else the sampler's, turn.logprobs) [L]. */
+  oldLogprobs?: number[];
 }
 
 export type Estimator = "marft-a" | "marft-t" | "critic-free";
@@ -236,16 +238,15 @@ export interface PolicyDatum {
 export function policyDatum(s: Step): PolicyDatum {
   const P = s.turn.promptIds.length;
   const L = s.turn.responseIds.length;
-  if (s.turn.logprobs.length !== L) {
-    throw new Error(
-      `turn of agent ${s.turn.agent}: ${s.turn.logprobs.length} log-probs for ${L} response tokens`,
-    );
+  const old = s.oldLogprobs ?? s.turn.logprobs;
+  if (old.length !== L) {
+    throw new Error(`turn of agent ${s.turn.agent}: ${old.length} log-probs for ${L} response tokens`);
   }
   const zeros = new Array<number>(P).fill(0);
   return {
     tokens: [...s.turn.promptIds, ...s.turn.responseIds],
     weights: [...zeros, ...new Array<number>(L).fill(1)],
-    old_logprobs: [...zeros, ...s.turn.logprobs],
+    old_logprobs: [...zeros, ...old],
     advantages: [...zeros, ...s.advantages],
   };
 }

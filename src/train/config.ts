@@ -60,7 +60,9 @@ const Base = z
     dtype: z
       .enum(["auto", "float32", "bfloat16"])
       .default("auto")
-      .describe("auto: float32 on CPU, bf16 autocast on GPU"),
+      .describe(
+        "auto: float32 on CPU, bf16 autocast on GPU; bfloat16: bf16 on either (fast on CPUs with AVX512_BF16/AMX)",
+      ),
     seed: nonNegInt().default(0).describe("seed of a random-init (tiny:) base"),
   })
   .describe("a base model that agents (and the critic) put their LoRA adapters on");
@@ -284,6 +286,12 @@ const Ppo = z
       .default("sum")
       .describe("ratio=sequence: action log-prob is the token sum or mean"),
     maxGradNorm: posNum().default(0.5).describe("gradient clipping of the policies"),
+    recomputeLogprobs: z
+      .union([z.literal("auto"), z.boolean({ error: 'expected true, false or "auto"' })])
+      .default("auto")
+      .describe(
+        "take PPO's old log-probs from a forward pass instead of the sampler; auto: when the agent's base computes in bf16 (sampler and trainer then differ by about 0.04 per token)",
+      ),
   })
   .describe("the PPO update");
 

@@ -4,7 +4,7 @@
 //   guard        refuse turns sampled by an adapter version older than the current one
 //   values       the centralized critic's V(o) for every action (MARFT-A), or V at every action token (MARFT-T)
 //   advantages   reward routing -> GAE / group baselines (src/algo) -> per-agent normalisation
-//   policy       per adapter: PPO epochs x minibatches, one optim_step per minibatch, target-KL early stop
+//   policy       per adapter: (bf16: old log-probs recomputed by a forward pass) PPO epochs x minibatches, one optim_step per minibatch, target-KL early stop
 //   critic       clipped value loss towards the returns
 //   log          one metrics.jsonl line
 //   eval         every train.evalEvery iterations and at the end
@@ -27,7 +27,7 @@ import {
   type Step,
   valueDatum,
 } from "./batch.ts";
-import { adapterOf, CRITIC_ADAPTER, configToYaml, type RunConfig } from "./config.ts";
+import { type AgentConfig, adapterOf, CRITIC_ADAPTER, configToYaml, type RunConfig } from "./config.ts";
 import { type EvalResult, evaluate } from "./evaluate.ts";
 import { Rng } from "./rng.ts";
 import { runRollout } from "./rollout.ts";
@@ -148,6 +148,7 @@ export class Trainer {
   readonly detector = new ZeroAdvantageDetector();
   private rng: Rng;
   private versions: Record<string, number> = {};
+  private bf16Bases = new Set<string>();
   tokensSampled = 0;
 
   constructor(
@@ -179,6 +180,45 @@ export class Trainer {
 
   async syncVersions(): Promise<void> {
     this.versions = await adapterVersions(this.client);
+    const bases = (await this.client.listBases()).bases;
+    this.bf16Bases = new Set(bases.filter((b) => b.dtype === "bfloat16").map((b) => b.name));
+  }
+
+  /** Whether PPO's old log-probs of `agent`'s adapter come from a forward pass (see ppo.recomputeLogprobs). */
+  private recomputes(agent: AgentConfig): boolean {
+    const r = this.config.ppo.recomputeLogprobs;
+    return r === "auto" ? this.bf16Bases.has(agent.base) : r;
+  }
+
+  /**
+   * Old log-probs from the trainer's own forward pass, before any update of this adapter. In bf16 the
+   * sampler's incremental decode and a full forward differ (about 0.04 per token, up to 0.3 on this
+   * project's CPU): PPO's ratio would start off 1 and clip on noise. One forward per temperature.
+   * Returns the mean absolute difference to the sampler's log-probs, a health figure.
+   */
+  private async recomputeLogprobs(adapter: string, mine: Step[]): Promise<number> {
+    const byTemp = new Map<number, Step[]>();
+    for (const s of mine) byTemp.set(s.turn.temperature, [...(byTemp.get(s.turn.temperature) ?? []), s]);
+    let diff = 0;
+    let n = 0;
+    for (const [temperature, group] of byTemp) {
+      const res = await this.client.forward({
+        adapter,
+        data: group.map((s) => ({ tokens: [...s.turn.promptIds, ...s.turn.responseIds] })),
+        temperature: temperature > 0 ? temperature : 1,
+      });
+      group.forEach((s, i) => {
+        const all = res.results[i]!.logprobs;
+        if (!all) throw new Error("engine: forward returned no log-probs");
+        const lp = all.slice(s.turn.promptIds.length);
+        s.oldLogprobs = lp;
+        lp.forEach((x, j) => {
+          diff += Math.abs(x - s.turn.logprobs[j]!);
+          n++;
+        });
+      });
+    }
+    return n > 0 ? diff / n : 0;
   }
 
   /** One full iteration; returns its metrics row (already appended by the caller). */
@@ -332,6 +372,9 @@ export class Trainer {
     const owner = c.agents.find((a) => a.id === adapter)!;
     const mine = steps.filter((s) => adapterOf(c.agents.find((a) => a.id === s.turn.agent)!) === adapter);
     if (mine.length === 0) return;
+    if (this.recomputes(owner)) {
+      row[`logprob_mismatch/${owner.id}`] = await this.recomputeLogprobs(adapter, mine);
+    }
     const acc: Record<string, number[]> = {
       loss: [],
       clipfrac: [],
