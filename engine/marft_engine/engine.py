@@ -215,8 +215,12 @@ class Engine:
         dtype = torch.float32
         if body.dtype == "bfloat16" or (self.device.type == "cuda" and body.dtype == "auto"):
             dtype = torch.bfloat16
-        # The base is frozen and stored in its compute dtype (LoRA weights and optimizer state stay fp32).
-        model = model.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+        # The base is frozen; on GPU it is stored in its compute dtype. On CPU it stays fp32: sampling
+        # runs without autocast there (decoding small batches is not faster in bf16 on a CPU, the casts
+        # cost more than they save) and bf16 autocast speeds up the forward and training passes.
+        # LoRA weights and optimizer state are fp32 everywhere.
+        store = dtype if self.device.type == "cuda" else torch.float32
+        model = model.to(device=self.device, dtype=store).eval().requires_grad_(False)
         eos = tokenizer.eos_token_id
         eos_ids = sorted({int(eos)} if eos is not None else set())
         cfg_eos = model.config.eos_token_id
@@ -367,8 +371,9 @@ class Engine:
     # ------------------------------------------------------------------------------------------------
     # forward and training
 
-    def autocast(self, base: Base) -> contextlib.AbstractContextManager[Any]:
-        if base.dtype == torch.bfloat16:
+    def autocast(self, base: Base, sampling: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """The base's compute dtype; on CPU, sampling stays fp32 (see create_base)."""
+        if base.dtype == torch.bfloat16 and not (sampling and base.device.type == "cpu"):
             return torch.autocast(base.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

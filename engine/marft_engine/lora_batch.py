@@ -71,9 +71,14 @@ def _mixed_batch_forward(
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     A, B, slot = _stacks(self, names)
+    n1, r = A.shape[0], A.shape[1]
     idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=x.device)  # [B]
-    xa = torch.bmm(x.to(A.dtype), A.index_select(0, idx).transpose(1, 2))  # [B, T, r]
-    out = torch.bmm(xa, B.index_select(0, idx).transpose(1, 2))  # [B, T, d_out]
+    # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
+    # block, then one matmul with all Bs side by side: no per-row copy of the weights.
+    xa = x.to(A.dtype) @ A.reshape(n1 * r, -1).T  # [B, T, (n+1) r]
+    keep = torch.nn.functional.one_hot(idx, n1).to(xa.dtype)  # [B, n+1]
+    xa = (xa.view(*xa.shape[:2], n1, r) * keep[:, None, :, None]).view(xa.shape)  # [B, T, (n+1) r]
+    out = xa @ B.permute(1, 0, 2).reshape(B.shape[1], n1 * r).T  # [B, T, d_out]
     return result + out.to(result.dtype)
 
 

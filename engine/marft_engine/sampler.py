@@ -236,7 +236,7 @@ class Sampler:
                 r.job.future.set_exception(exc)
 
     def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
-        with torch.no_grad(), self.engine.autocast(base):
+        with torch.no_grad(), self.engine.autocast(base, sampling=True):
             if base.peft is not None:
                 out = base.peft(**kw)
             else:

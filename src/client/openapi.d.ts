@@ -256,7 +256,7 @@ export interface components {
         BaseCreate: {
             /**
              * Dtype
-             * @description auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: bf16 autocast on either (fast on CPUs with AVX512_BF16 or AMX). LoRA weights and optimizer state stay fp32.
+             * @description auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: also on CPU, where forward and training passes run under bf16 autocast (fast with AVX512_BF16 or AMX) and sampling stays fp32. LoRA weights and optimizer state stay fp32.
              * @default auto
              * @enum {string}
              */

@@ -290,7 +290,7 @@ const Ppo = z
       .union([z.literal("auto"), z.boolean({ error: 'expected true, false or "auto"' })])
       .default("auto")
       .describe(
-        "take PPO's old log-probs from a forward pass instead of the sampler; auto: when the agent's base computes in bf16 (sampler and trainer then differ by about 0.04 per token)",
+        "take PPO's old log-probs from a forward pass instead of the sampler; auto: when the agent's base computes in bf16 (sampler and trainer then differ by about 0.03 per token)",
       ),
   })
   .describe("the PPO update");

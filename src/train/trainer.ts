@@ -192,7 +192,7 @@ export class Trainer {
 
   /**
    * Old log-probs from the trainer's own forward pass, before any update of this adapter. In bf16 the
-   * sampler's incremental decode and a full forward differ (about 0.04 per token, up to 0.3 on this
+   * sampler's incremental decode and a full forward differ (about 0.03 per token, up to 0.3 on this
    * project's CPU): PPO's ratio would start off 1 and clip on noise. One forward per temperature.
    * Returns the mean absolute difference to the sampler's log-probs, a health figure.
    */
