@@ -288,11 +288,21 @@ class Engine:
             init_state: dict[str, torch.Tensor] | None = None
             if body.init_from is not None:
                 lora, init_state = read_peft_dir(body.init_from)
+            n_layers = int(getattr(base.hf.config, "num_hidden_layers", 0))
+            if lora.layers is not None:
+                bad = [x for x in lora.layers if not -n_layers <= x < n_layers]
+                if bad or not lora.layers:
+                    raise bad_request(
+                        f"lora.layers: expected layer indices in [-{n_layers}, {n_layers}) of base "
+                        f"{base.name!r}, got {lora.layers}"
+                    )
+                lora = lora.model_copy(update={"layers": sorted({x % n_layers for x in lora.layers})})
             cfg = peft.LoraConfig(
                 r=lora.r,
                 lora_alpha=lora.alpha,
                 lora_dropout=lora.dropout,
                 target_modules=list(lora.target_modules),
+                layers_to_transform=lora.layers,
                 bias="none",
                 task_type="CAUSAL_LM",
             )
@@ -510,8 +520,9 @@ class Engine:
                             n = len(body.data[i].tokens)
                             results[i] = ForwardResult(values=values[r, :n].tolist())
                         continue
-                    logits = self._logits(base, ids, mask)
-                    logp, ent = losses.logprobs_and_entropies(logits, ids, body.temperature)
+                    # weights given: log-probs only where they are positive (e.g. a response), 0 elsewhere
+                    w = self._pad(base, body.data, idx, "weights")  # [B, T]
+                    logp, ent = self._token_scores(base, ids, mask, w, body.temperature)
                     for r, i in enumerate(idx):
                         n = len(body.data[i].tokens)
                         results[i] = ForwardResult(
@@ -858,5 +869,6 @@ def read_peft_dir(path: str) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
         alpha=float(cfg.get("lora_alpha", 16)),
         dropout=float(cfg.get("lora_dropout", 0.0)),
         target_modules=sorted(targets),
+        layers=[layers] if isinstance(layers := cfg.get("layers_to_transform"), int) else layers,
     )
     return lora, load_file(str(weights))

@@ -235,8 +235,10 @@ class Sampler:
             if not r.job.future.done():
                 r.job.future.set_exception(exc)
 
-    def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
-        with torch.no_grad(), self.engine.autocast(base, sampling=True):
+    def _model_call(self, base: Base, prefill: bool = False, **kw: object) -> torch.Tensor:
+        # A bf16 base on CPU: the prefill (a big matmul over whole prompts) gains from bf16 autocast,
+        # single-token decode steps do not (see Engine.create_base).
+        with torch.no_grad(), self.engine.autocast(base, sampling=not prefill):
             if base.peft is not None:
                 out = base.peft(**kw)
             else:
@@ -300,7 +302,10 @@ class Sampler:
             use_cache=True,
             logits_to_keep=1,
             adapter_names=[r.adapter for r in uniq],
+            prefill=True,
         )
+        if dev.type == "cpu" and base.dtype == torch.bfloat16:  # a bf16 prefill's cache, decoded in fp32
+            cache = DynamicCache(ddp_cache_data=[(k.float(), v.float()) for k, v in _kv(cache)])
         sel = torch.tensor(which, device=dev)
         if len(uniq) != len(new):  # n > 1: copy each prompt's cache rows for its samples
             cache = DynamicCache(

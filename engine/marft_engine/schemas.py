@@ -76,6 +76,11 @@ class LoraConfig(Strict):
     alpha: float = Field(16, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+    layers: list[int] | None = Field(
+        None,
+        description="only these transformer layers (0-based; negative counts from the last); null = all. "
+        "A critic on the top layers only is much cheaper to train: backward stops below its lowest layer.",
+    )
 
 
 class OptimizerConfig(Strict):
@@ -198,7 +203,11 @@ class ForwardRequest(Strict):
 
 
 class ForwardResult(Strict):
-    logprobs: list[float] | None = Field(None, description="aligned with tokens; entry 0 is 0")
+    logprobs: list[float] | None = Field(
+        None,
+        description="aligned with tokens; entry 0 is 0, and so is every entry whose datum weight is 0 "
+        "(weights select the positions worth computing, e.g. a response)",
+    )
     entropies: list[float] | None = Field(None, description="entropy of the predictive distribution")
     values: list[float] | None = Field(None, description="critic: values[i] = V(tokens[: i + 1])")
 

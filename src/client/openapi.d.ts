@@ -480,7 +480,7 @@ export interface components {
             entropies?: number[] | null;
             /**
              * Logprobs
-             * @description aligned with tokens; entry 0 is 0
+             * @description aligned with tokens; entry 0 is 0, and so is every entry whose datum weight is 0 (weights select the positions worth computing, e.g. a response)
              */
             logprobs?: number[] | null;
             /**
@@ -513,6 +513,11 @@ export interface components {
              * @default 0
              */
             dropout: number;
+            /**
+             * Layers
+             * @description only these transformer layers (0-based; negative counts from the last); null = all. A critic on the top layers only is much cheaper to train: backward stops below its lowest layer.
+             */
+            layers?: number[] | null;
             /**
              * R
              * @default 8

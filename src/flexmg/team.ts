@@ -28,7 +28,7 @@
 // complete when every scheduled agent has acted, so schedule the next agent inside `act` before
 // testing `stepComplete()`.
 import { buildGraph, type DependencyGraph } from "./graph.ts";
-import type { AgentId, AgentSpec, ChatMessage, GraphSpec } from "./types.ts";
+import type { AgentId, AgentSpec, ChatMessage, Env, GraphSpec, Rewards } from "./types.ts";
 
 export interface Action {
   agent: AgentId;
@@ -232,4 +232,45 @@ export class TeamEpisode {
       throw new Error(`${what}: agent "${agent}" is not ready: ${why}`);
     }
   }
+}
+
+/**
+ * The part of an Env that its TeamEpisode answers (who is ready, what they see, their parents, the
+ * step, the transcript), so that a task writes only what is its own: reset, act, rewards, the end.
+ */
+export abstract class TeamEnv<Task> implements Env<Task> {
+  readonly agents: readonly AgentId[];
+  protected readonly team: TeamEpisode;
+
+  constructor(agents: AgentSpec[], graph: GraphSpec) {
+    this.team = new TeamEpisode(agents, graph);
+    this.agents = this.team.agents;
+  }
+
+  ready(): AgentId[] {
+    return this.team.ready();
+  }
+
+  observe(agent: AgentId): ChatMessage[] {
+    return this.team.observe(agent);
+  }
+
+  parents(agent: AgentId): AgentId[] {
+    return this.team.parents(agent);
+  }
+
+  step(): number {
+    return this.team.step;
+  }
+
+  state(): ChatMessage[] {
+    return this.team.transcript();
+  }
+
+  abstract reset(task: Task, seed: number): Promise<void>;
+  abstract act(agent: AgentId, text: string): Promise<void>;
+  abstract takeRewards(): Rewards;
+  abstract get terminated(): boolean;
+  abstract get truncated(): boolean;
+  abstract info(): Record<string, unknown>;
 }

@@ -204,7 +204,11 @@ export class Trainer {
     for (const [temperature, group] of byTemp) {
       const res = await this.client.forward({
         adapter,
-        data: group.map((s) => ({ tokens: [...s.turn.promptIds, ...s.turn.responseIds] })),
+        // weights: only the response's log-probs are computed (the prompt's are not needed)
+        data: group.map((s) => {
+          const d = policyDatum(s);
+          return { tokens: d.tokens, weights: d.weights };
+        }),
         temperature: temperature > 0 ? temperature : 1,
       });
       group.forEach((s, i) => {

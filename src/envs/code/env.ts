@@ -28,16 +28,8 @@ import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { holdOutLast } from "../datasets.ts";
-import { TeamEpisode } from "../../flexmg/team.ts";
-import type {
-  AgentId,
-  AgentSpec,
-  ChatMessage,
-  Env,
-  GraphSpec,
-  Rewards,
-  TaskSuite,
-} from "../../flexmg/types.ts";
+import { TeamEnv } from "../../flexmg/team.ts";
+import type { AgentId, AgentSpec, GraphSpec, Rewards, TaskSuite } from "../../flexmg/types.ts";
 import { type CodeProblem, loadCodeProblems, MBPP_FILE } from "./data.ts";
 import { passedTests, testProgram } from "./harness.ts";
 import { SandboxPool, type SandboxStatus } from "./sandbox.ts";
@@ -144,9 +136,7 @@ export function testerAsserts(text: string): string[] {
     .slice(0, 10);
 }
 
-export class CodeEnv implements Env<CodeProblem> {
-  readonly agents: readonly AgentId[];
-  private readonly team: TeamEpisode;
+export class CodeEnv extends TeamEnv<CodeProblem> {
   private readonly coder: AgentId;
   private readonly reviewer: AgentId | undefined;
   private readonly tester: AgentId | undefined;
@@ -170,8 +160,7 @@ export class CodeEnv implements Env<CodeProblem> {
     if (graph.kind === "dynamic") {
       throw new Error('code: the graph "dynamic" is not supported; use sequential, parallel or edges');
     }
-    this.team = new TeamEpisode(agents, graph);
-    this.agents = this.team.agents;
+    super(agents, graph);
     const byRole = (role: string) => agents.find((a) => a.role.toLowerCase() === role)?.id;
     this.coder = byRole("coder") ?? agents[0]!.id;
     this.reviewer = byRole("reviewer");
@@ -205,22 +194,6 @@ export class CodeEnv implements Env<CodeProblem> {
             : coderTask(problem, this.visibleTests);
     }
     this.team.reset(texts);
-  }
-
-  ready(): AgentId[] {
-    return this.team.ready();
-  }
-
-  observe(agent: AgentId): ChatMessage[] {
-    return this.team.observe(agent);
-  }
-
-  parents(agent: AgentId): AgentId[] {
-    return this.team.parents(agent);
-  }
-
-  step(): number {
-    return this.team.step;
   }
 
   async act(agent: AgentId, text: string): Promise<void> {
@@ -311,10 +284,6 @@ export class CodeEnv implements Env<CodeProblem> {
 
   get truncated(): boolean {
     return false;
-  }
-
-  state(): ChatMessage[] {
-    return this.team.transcript();
   }
 
   info(): Record<string, unknown> {

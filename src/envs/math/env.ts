@@ -26,16 +26,8 @@
 // Answer checking starts inside each answering agent's `act` (it overlaps with the sampling of the
 // other agents); the last `act` of the attempt awaits the checks.
 import { z } from "zod";
-import { TeamEpisode } from "../../flexmg/team.ts";
-import type {
-  AgentId,
-  AgentSpec,
-  ChatMessage,
-  Env,
-  GraphSpec,
-  Rewards,
-  TaskSuite,
-} from "../../flexmg/types.ts";
+import { TeamEnv } from "../../flexmg/team.ts";
+import type { AgentId, AgentSpec, GraphSpec, Rewards, TaskSuite } from "../../flexmg/types.ts";
 import { loadMathSplits, type MathProblem } from "./data.ts";
 import { extractAnswer, extractBoxed } from "./extract.ts";
 import { type GradeResult, gradeAnswer } from "./grader.ts";
@@ -84,9 +76,7 @@ interface Check {
   result: Promise<GradeResult | null>;
 }
 
-export class MathEnv implements Env<MathProblem> {
-  readonly agents: readonly AgentId[];
-  private readonly team: TeamEpisode;
+export class MathEnv extends TeamEnv<MathProblem> {
   private readonly answering: ReadonlySet<AgentId>;
   private readonly roles: Map<AgentId, string>;
   private readonly attempts: number;
@@ -105,8 +95,7 @@ export class MathEnv implements Env<MathProblem> {
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: MathEnvOptions = {}) {
     if (agents.length === 0) throw new Error("math: expected at least one agent");
-    this.team = new TeamEpisode(agents, graph);
-    this.agents = this.team.agents;
+    super(agents, graph);
     this.roles = new Map(agents.map((a) => [a.id, a.role]));
     const answerRoles = opts.answerRoles ? new Set(opts.answerRoles.map((r) => r.toLowerCase())) : null;
     let answering = agents.filter((a) =>
@@ -147,22 +136,6 @@ export class MathEnv implements Env<MathProblem> {
     this.lastScore = 0;
     this.team.reset(problem.problem);
     this.scheduleFirst();
-  }
-
-  ready(): AgentId[] {
-    return this.team.ready();
-  }
-
-  observe(agent: AgentId): ChatMessage[] {
-    return this.team.observe(agent);
-  }
-
-  parents(agent: AgentId): AgentId[] {
-    return this.team.parents(agent);
-  }
-
-  step(): number {
-    return this.team.step;
   }
 
   async act(agent: AgentId, text: string): Promise<void> {
@@ -219,10 +192,6 @@ export class MathEnv implements Env<MathProblem> {
 
   get truncated(): boolean {
     return this.isTruncated;
-  }
-
-  state(): ChatMessage[] {
-    return this.team.transcript();
   }
 
   info(): Record<string, unknown> {

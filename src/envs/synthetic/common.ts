@@ -17,8 +17,8 @@
 //   exists from the first iteration. This is the default: it is what makes the tasks learnable from
 //   random init; use "exact" for models that can already spell.
 import { seededRng } from "../../flexmg/rng.ts";
-import { TeamEpisode } from "../../flexmg/team.ts";
-import type { AgentId, AgentSpec, ChatMessage, Env, GraphSpec, Rewards } from "../../flexmg/types.ts";
+import { TeamEnv } from "../../flexmg/team.ts";
+import type { AgentId, AgentSpec, GraphSpec, Rewards } from "../../flexmg/types.ts";
 
 export type MatchMode = "exact" | "class";
 
@@ -90,9 +90,7 @@ export function pick<T>(rng: () => number, xs: readonly T[]): T {
  * The Env plumbing the synthetic tasks share: the TeamEpisode, rewards, the over flags. A task
  * implements `start` (texts per agent, scheduling) and `afterAct` (judging, scheduling, finishing).
  */
-export abstract class SyntheticEnv<Task> implements Env<Task> {
-  readonly agents: readonly AgentId[];
-  protected team: TeamEpisode;
+export abstract class SyntheticEnv<Task> extends TeamEnv<Task> {
   protected task: Task | undefined;
   protected pendingRewards: Rewards = {};
   protected facts: Record<string, unknown> = {};
@@ -107,8 +105,7 @@ export abstract class SyntheticEnv<Task> implements Env<Task> {
     if (specs.length < minAgents) {
       throw new Error(`${name}: expected at least ${minAgents} agents, got ${specs.length}`);
     }
-    this.team = new TeamEpisode(specs, graph);
-    this.agents = this.team.agents;
+    super(specs, graph);
   }
 
   protected abstract start(task: Task): void;
@@ -121,22 +118,6 @@ export abstract class SyntheticEnv<Task> implements Env<Task> {
     this.facts = {};
     this.done = false;
     this.start(task);
-  }
-
-  ready(): AgentId[] {
-    return this.team.ready();
-  }
-
-  observe(agent: AgentId): ChatMessage[] {
-    return this.team.observe(agent);
-  }
-
-  parents(agent: AgentId): AgentId[] {
-    return this.team.parents(agent);
-  }
-
-  step(): number {
-    return this.team.step;
   }
 
   async act(agent: AgentId, text: string): Promise<void> {
@@ -156,10 +137,6 @@ export abstract class SyntheticEnv<Task> implements Env<Task> {
 
   get truncated(): boolean {
     return false;
-  }
-
-  state(): ChatMessage[] {
-    return this.team.transcript();
   }
 
   info(): Record<string, unknown> {
