@@ -8,7 +8,7 @@ settings and token limits as MARFT's rollout in bench/rollout.ts, and reports th
 rollout (model loading excluded on both sides).
 
 Input (JSON file): {"agents": [{"role", "system_prompt"}], "graph": "sequential" | "parallel",
-"problems": [str], "max_new_tokens", "temperature", "seed", "model_dir"}.
+"problems": [str], "max_new_tokens", "temperature", "top_k", "seed", "model_dir"}.
 Output (JSON on stdout): {"seconds", "episodes", "response_tokens", "tokens_per_s"}.
 """
 
@@ -60,7 +60,7 @@ def main() -> None:
                 do_sample=True,
                 temperature=spec["temperature"],
                 top_p=1.0,
-                top_k=0,
+                top_k=spec["top_k"],
                 pad_token_id=tok.pad_token_id,
             )
         resp = out[:, enc["input_ids"].shape[1] :]

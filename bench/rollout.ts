@@ -17,6 +17,11 @@ import { rollout } from "../src/rollout/rollout.ts";
 
 const REPO = resolve(import.meta.dirname, "..");
 const MODEL = "pkg:smollm2-135m-instruct";
+// The reference's own sampling settings (temperature 0.5, top-k 50) and a token limit long enough
+// that most answers end by themselves, as they do in real runs (the reference allows 512): response
+// lengths then vary, which is where refilling the batch pays and padding to the longest does not.
+const TEMPERATURE = 0.5;
+const TOP_K = 50;
 
 export interface RolloutBenchCase {
   agents: number;
@@ -46,7 +51,10 @@ async function marftRollout(
   seed: number,
 ): Promise<{ seconds: number; tokens: number }> {
   const profiles = Object.fromEntries(
-    agents.map((a) => [a.id, { adapter: a.id, sampling: { temperature: 1, max_new_tokens: maxNewTokens } }]),
+    agents.map((a) => [
+      a.id,
+      { adapter: a.id, sampling: { temperature: TEMPERATURE, top_k: TOP_K, max_new_tokens: maxNewTokens } },
+    ]),
   );
   const r = await rollout({
     client,
@@ -77,7 +85,8 @@ function referenceRollout(
       graph,
       problems,
       max_new_tokens: maxNewTokens,
-      temperature: 1.0,
+      temperature: TEMPERATURE,
+      top_k: TOP_K,
       seed,
       model_dir: modelDir,
     }),
@@ -91,13 +100,14 @@ function referenceRollout(
 }
 
 export async function benchRollout(opts: { quick?: boolean; log?: (s: string) => void } = {}): Promise<{
+  settings: { episodes: number; maxNewTokens: number; temperature: number; topK: number };
   cases: RolloutBenchCase[];
   rollout_speedup_2_agents: number;
   rollout_speedup_4_agents: number;
 }> {
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
   const episodes = opts.quick ? 8 : 16;
-  const maxNewTokens = opts.quick ? 24 : 48;
+  const maxNewTokens = opts.quick ? 128 : 256;
   const problems = loadMathProblems(join(REPO, "../shared/datasets/gsm8k/train.jsonl")).slice(0, episodes);
   const engine = await startLocalEngine({ logFile: join(tmpdir(), "marft-bench-engine.log"), device: "cpu" });
   const cases: RolloutBenchCase[] = [];
@@ -139,7 +149,12 @@ export async function benchRollout(opts: { quick?: boolean; log?: (s: string) =>
     await engine.stop();
   }
   const seq = (n: number) => cases.find((c) => c.agents === n && c.graph === "sequential")!.speedup;
-  return { cases, rollout_speedup_2_agents: seq(2), rollout_speedup_4_agents: seq(4) };
+  return {
+    settings: { episodes, maxNewTokens, temperature: TEMPERATURE, topK: TOP_K },
+    cases,
+    rollout_speedup_2_agents: seq(2),
+    rollout_speedup_4_agents: seq(4),
+  };
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -429,25 +429,38 @@ class Engine:
             if d.weights is not None and d.weights[0] != 0:
                 raise bad_request(f"data[{i}].weights[0]: must be 0 (token 0 has no prediction)")
 
-    def _micro_batches(self, data: list[Datum], budget: int, vocab: int = 0) -> list[list[int]]:
-        """Consecutive groups whose padded size (rows x longest) stays within the token budget.
-
-        The budget is also capped so one micro-batch's fp32 logits [B, T, V] stay near
-        LOGITS_BUDGET elements: with a 49k vocabulary, 8192 tokens of logits and the log-softmax,
-        exp and gradient tensors built from them take over 10 GB, which a 24 GB machine cannot spare.
-        """
-        if vocab > 0:
-            budget = max(16, min(budget, LOGITS_BUDGET // vocab))
+    def _micro_batches(
+        self, data: list[Datum], budget: int, base: Base, critic: bool = False
+    ) -> list[list[int]]:
+        """Consecutive groups whose padded size (rows x longest) stays within the token budget, and
+        whose fp32 logits stay near LOGITS_BUDGET elements: with a 49k vocabulary, 8192 tokens of
+        logits and the log-softmax, exp and gradient tensors built from them take over 10 GB, which a
+        24 GB machine cannot spare. Logits exist only at the scored positions (weights > 0) for model
+        families with a plain LM head (see _token_scores), at every position otherwise; a critic
+        has none."""
+        plain = base.hf.config.model_type in PLAIN_HEAD_MODELS
         groups: list[list[int]] = []
         cur: list[int] = []
         longest = 0
+        logits = 0  # logit rows of the current group
         for i, d in enumerate(data):
             n = len(d.tokens)
-            if cur and (len(cur) + 1) * max(longest, n) > budget:
+            rows = 0
+            if not critic:
+                scored = sum(1 for w in d.weights[1:] if w > 0) if d.weights is not None else n - 1
+                rows = scored if plain else n
+            padded = (len(cur) + 1) * max(longest, n)
+            too_many_logits = (
+                (logits + rows) * base.vocab_size > LOGITS_BUDGET
+                if plain
+                else (padded * base.vocab_size > LOGITS_BUDGET and not critic)
+            )
+            if cur and (padded > budget or too_many_logits):
                 groups.append(cur)
-                cur, longest = [], 0
+                cur, longest, logits = [], 0, 0
             cur.append(i)
             longest = max(longest, n)
+            logits += rows
         if cur:
             groups.append(cur)
         return groups
@@ -512,7 +525,8 @@ class Engine:
             self._validate_data(base, body.data, [])
             results: list[ForwardResult] = [ForwardResult() for _ in body.data]
             with torch.no_grad(), self._active(base, adapter):
-                for idx in self._micro_batches(body.data, body.micro_batch_tokens, base.vocab_size):
+                critic = adapter is not None and adapter.kind == "critic"
+                for idx in self._micro_batches(body.data, body.micro_batch_tokens, base, critic):
                     ids, mask = self._inputs(base, body.data, idx)
                     if adapter is not None and adapter.kind == "critic":
                         values = self._values(base, adapter, ids, mask)
@@ -558,7 +572,7 @@ class Engine:
             norm = total_w if agg == "token-mean" else float(len(data))
             st = _CallStats()
             total_loss = 0.0
-            groups = self._micro_batches(data, body.micro_batch_tokens, base.vocab_size)
+            groups = self._micro_batches(data, body.micro_batch_tokens, base, body.loss == "value")
             cfg = body.ppo
             want_ref = body.loss == "ppo" and cfg.kl_coef > 0
             for idx in groups:
