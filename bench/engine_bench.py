@@ -9,7 +9,8 @@ Figures (all measured in this run, in this process unless noted):
 - mixed_adapter_speedup: one sample call with 4 adapters x rows vs 4 calls of one adapter each.
 - memory_ratio_N_agents: peak RSS of our layout (one base + N policy adapters + 1 critic) over the
   reference layout (N + 1 full model copies, each with its LoRA), each measured in a fresh subprocess.
-- train_tokens_per_s: forward_backward (ppo) + optim_step, tokens per second.
+- train_tokens_per_s: forward_backward (ppo) + optim_step, tokens per second; on CPU also with bf16
+  autocast (train_bf16_tokens_per_s, train_bf16_vs_fp32).
 - on CUDA also train_mfu: tiny:qwen2-0.5b in bf16, model FLOPs = 4 x params x tokens (forward 2N and
   the backward's activation gradients 2N; the frozen base has no weight gradients) over the GPU's
   dense bf16 peak (--peak-tflops, default 989 for an H100/H200 SXM).
@@ -62,7 +63,9 @@ def prompts(tokenizer: object, n: int) -> list[list[int]]:
         ids = tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=True, return_dict=False
         )  # type: ignore[attr-defined]
-        out.append([int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)])
+        out.append(
+            [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+        )
     return out
 
 
@@ -71,7 +74,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_engine(eng: Engine, reqs: list[SampleRequest], device: str, reps: int) -> tuple[float, int]:
+def time_engine(
+    eng: Engine, reqs: list[SampleRequest], device: str, reps: int
+) -> tuple[float, int]:
     best, tokens = float("inf"), 0
     for _ in range(reps):
         sync(device)
@@ -83,7 +88,9 @@ def time_engine(eng: Engine, reqs: list[SampleRequest], device: str, reps: int) 
     return best, tokens
 
 
-def bench_sampling(device: str, batch: int, new_tokens: int, reps: int) -> dict[str, float]:
+def bench_sampling(
+    device: str, batch: int, new_tokens: int, reps: int
+) -> dict[str, float]:
     eng = Engine(device=device, max_batch=max(64, batch))
     res: dict[str, float] = {}
     try:
@@ -112,8 +119,16 @@ def bench_sampling(device: str, batch: int, new_tokens: int, reps: int) -> dict[
             min_new_tokens=new_tokens,
             pad_token_id=base.pad_id,
         )
-        reqs = [SampleRequest(adapter="__base__", base="plain", prompt_ids=p, sampling=sp) for p in ps]
-        warm = [r.model_copy(update={"sampling": sp.model_copy(update={"max_new_tokens": 4})}) for r in reqs]
+        reqs = [
+            SampleRequest(adapter="__base__", base="plain", prompt_ids=p, sampling=sp)
+            for p in ps
+        ]
+        warm = [
+            r.model_copy(
+                update={"sampling": sp.model_copy(update={"max_new_tokens": 4})}
+            )
+            for r in reqs
+        ]
         time_engine(eng, warm, device, 1)
         with torch.no_grad(), eng.autocast(base):
             model.generate(
@@ -136,7 +151,9 @@ def bench_sampling(device: str, batch: int, new_tokens: int, reps: int) -> dict[
         gen_tokens = (out.shape[1] - L) * batch
         res["generate_tokens_per_s"] = gen_tokens / t_gen
         res["engine_tokens_per_s"] = n_eng / t_eng
-        res["engine_vs_generate_ratio"] = res["engine_tokens_per_s"] / res["generate_tokens_per_s"]
+        res["engine_vs_generate_ratio"] = (
+            res["engine_tokens_per_s"] / res["generate_tokens_per_s"]
+        )
         del model
 
         # the same batch through a LoRA adapter (PEFT layers in the path)
@@ -146,14 +163,21 @@ def bench_sampling(device: str, batch: int, new_tokens: int, reps: int) -> dict[
         lreqs = [r.model_copy(update={"adapter": "a0", "base": None}) for r in reqs]
         t, n = time_engine(eng, lreqs, device, reps)
         res["engine_lora_tokens_per_s"] = n / t
-        res["engine_lora_vs_generate_ratio"] = res["engine_lora_tokens_per_s"] / res["generate_tokens_per_s"]
+        res["engine_lora_vs_generate_ratio"] = (
+            res["engine_lora_tokens_per_s"] / res["generate_tokens_per_s"]
+        )
 
         # mixed: 4 adapters in one call vs one call per adapter
-        mixed = [r.model_copy(update={"adapter": f"a{i % 4}", "base": None}) for i, r in enumerate(reqs)]
+        mixed = [
+            r.model_copy(update={"adapter": f"a{i % 4}", "base": None})
+            for i, r in enumerate(reqs)
+        ]
         t_mixed, _ = time_engine(eng, mixed, device, reps)
         t_sep = 0.0
         for k in range(4):
-            t, _ = time_engine(eng, [r for r in mixed if r.adapter == f"a{k}"], device, reps)
+            t, _ = time_engine(
+                eng, [r for r in mixed if r.adapter == f"a{k}"], device, reps
+            )
             t_sep += t
         res["mixed_adapter_seconds"] = t_mixed
         res["separate_adapter_seconds"] = t_sep
@@ -195,7 +219,9 @@ def bench_training(
             )
             for _ in range(batch)
         ]
-        req = ForwardBackwardRequest(adapter="p", loss="ppo", data=data, micro_batch_tokens=batch * seq)
+        req = ForwardBackwardRequest(
+            adapter="p", loss="ppo", data=data, micro_batch_tokens=batch * seq
+        )
         eng.forward_backward(req)
         eng.optim_step(OptimStepRequest(adapter="p"))
         sync(device)
@@ -236,7 +262,11 @@ def memory_child(layout: str, agents: int) -> None:
         eng.create_base(BaseCreate(name="b", source=SMOL))
         for i in range(agents):
             eng.create_adapter(AdapterCreate(name=f"agent{i}", base="b", seed=i))
-        eng.create_adapter(AdapterCreate(name="critic", base="b", kind="critic", value_head_hidden=[256]))
+        eng.create_adapter(
+            AdapterCreate(
+                name="critic", base="b", kind="critic", value_head_hidden=[256]
+            )
+        )
         for name in eng.adapters:  # every agent and the critic run once
             eng.forward(ForwardRequest(adapter=name, data=probe))
         eng.close()
@@ -245,12 +275,16 @@ def memory_child(layout: str, agents: int) -> None:
 
         keep = []
         ids = torch.tensor([probe[0].tokens])
-        for _ in range(agents + 1):  # the reference: a full model per agent, plus one for the critic
+        for _ in range(
+            agents + 1
+        ):  # the reference: a full model per agent, plus one for the critic
             model, _ = load_smollm2()
             _materialize(model)
             pm = peft.get_peft_model(
                 model,
-                peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+                peft.LoraConfig(
+                    r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]
+                ),
             )
             with torch.no_grad():
                 pm(input_ids=ids)
@@ -295,7 +329,9 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--memory-child":
         memory_child(sys.argv[2], int(sys.argv[3]))
         return
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument(
         "--quick",
@@ -336,6 +372,14 @@ def main() -> None:
     train = bench_training(args.device, SMOL, tb, ts, 1 if args.quick else 4, "auto")
     results["train_tokens_per_s"] = train["train_tokens_per_s"]
     results["train_batch"], results["train_seq_len"] = tb, ts
+    if (
+        args.device == "cpu"
+    ):  # bf16 autocast on CPU (fast where the CPU has AVX512_BF16 / AMX)
+        bf = bench_training("cpu", SMOL, tb, ts, 1 if args.quick else 4, "bfloat16")
+        results["train_bf16_tokens_per_s"] = bf["train_tokens_per_s"]
+        results["train_bf16_vs_fp32"] = (
+            bf["train_tokens_per_s"] / train["train_tokens_per_s"]
+        )
     if args.device == "cuda":
         big = bench_training("cuda", "tiny:qwen2-0.5b", 16, 1024, 5, "bfloat16")
         flops = 4 * big["num_parameters"] * big["train_tokens_per_s"]

@@ -141,6 +141,12 @@ describe("synthetic tasks", () => {
     expect(env.observe("agg")[1]!.content).toBe("letter?\n\ns1: 0\ns2: 0");
     await env.act("agg", "c"); // bits 10 -> index 2 -> "c"
     expect(env.info()).toMatchObject({ correct: true, expected: "c", roleRewards: { s1: 0, s2: 1 } });
+    // repeat fills a solver's prompt with its bit; a bad value is refused by name
+    const rep = new VoteEnv(voteTeam, voteEdges, { repeat: 4 });
+    await rep.reset({ id: "t", bits: [1, 0] }, 0);
+    expect(rep.observe("s1")[1]!.content).toBe("bit: 1111");
+    expect(rep.observe("s2")[1]!.content).toBe("bit: 0000");
+    expect(() => new VoteEnv(voteTeam, voteEdges, { repeat: 0 })).toThrow(/parallel-vote\.repeat/);
   });
 
   it("orchestrated: the orchestrator's output routes to a worker that sees it", async () => {

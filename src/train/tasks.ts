@@ -15,23 +15,17 @@ export function resolveFrom(baseDir: string, p: string): string {
 export async function makeSuite(task: TaskConfig, baseDir: string): Promise<TaskSuite<unknown>> {
   switch (task.kind) {
     case "secret":
-      return secretSuite({
-        ...task.options,
-        trainSize: task.trainSize,
-        evalSize: task.evalSize,
-      }) as TaskSuite<unknown>;
     case "parallel-vote":
-      return voteSuite({
+    case "orchestrated": {
+      const suite = { secret: secretSuite, "parallel-vote": voteSuite, orchestrated: orchestratedSuite }[
+        task.kind
+      ];
+      return suite({
         ...task.options,
         trainSize: task.trainSize,
         evalSize: task.evalSize,
       }) as TaskSuite<unknown>;
-    case "orchestrated":
-      return orchestratedSuite({
-        ...task.options,
-        trainSize: task.trainSize,
-        evalSize: task.evalSize,
-      }) as TaskSuite<unknown>;
+    }
     case "math":
       return createMathSuite({
         trainFile: resolveFrom(baseDir, task.trainFile),

@@ -26,6 +26,8 @@ export interface VoteTask {
 export interface VoteOptions extends Omit<SyntheticOptions, "letters"> {
   /** Number of solvers (default 2); the answer has 2^solvers letters. */
   solvers?: number;
+  /** How many times a solver's prompt repeats its bit (default 1); see SecretOptions.repeat. */
+  repeat?: number;
 }
 
 /** The 2^n answer letters: "a", "b", ... (consecutive, so "class" matching is well defined). */
@@ -45,6 +47,7 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
   private readonly letters: string;
   private readonly match: MatchMode;
   private readonly solvers: AgentId[];
+  private readonly repeat: number;
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: VoteOptions = {}) {
     const n = opts.solvers ?? 2;
@@ -58,6 +61,10 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
     this.letters = voteLetters(n);
     this.match = opts.match ?? "class";
     this.solvers = agents.slice(0, n).map((a) => a.id);
+    this.repeat = opts.repeat ?? 1;
+    if (!Number.isInteger(this.repeat) || this.repeat < 1) {
+      throw new Error(`parallel-vote.repeat: expected a positive integer, got ${opts.repeat}`);
+    }
   }
 
   private get aggregator(): AgentId {
@@ -72,7 +79,7 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
     }
     const texts: Record<AgentId, string> = { [this.aggregator]: "letter?" };
     this.solvers.forEach((s, i) => {
-      texts[s] = `bit: ${task.bits[i]}`;
+      texts[s] = `bit: ${String(task.bits[i]).repeat(this.repeat)}`;
     });
     this.team.reset(texts);
   }
