@@ -44,6 +44,7 @@ describe("run config validation", () => {
       alpha: 16,
       dropout: 0,
       targetModules: ["q_proj", "v_proj"],
+      layers: null,
     });
     expect(c.agents[0]!.sampling.temperature).toBe(1);
     expect(c.algo).toMatchObject({
@@ -60,6 +61,11 @@ describe("run config validation", () => {
     const v = minimal();
     (v.agents[1] as Record<string, unknown>)["adapter"] = { r: "eight" };
     expect(issuesOf(v)).toEqual(['agents[1].adapter.r: expected a positive integer, got "eight"']);
+    (v.agents[1] as Record<string, unknown>)["adapter"] = { layers: [-1, 1.5] };
+    expect(issuesOf(v)).toEqual(["agents[1].adapter.layers[1]: expected an integer, got 1.5"]);
+    (v.agents[1] as Record<string, unknown>)["adapter"] = {};
+    (v as Record<string, unknown>)["ppo"] = { recomputeLogprobs: "sometimes" };
+    expect(issuesOf(v)[0]).toMatch(/^ppo\.recomputeLogprobs: /);
   });
 
   it("rejects unknown keys at any depth", () => {
