@@ -67,6 +67,15 @@ const Base = z
   })
   .describe("a base model that agents (and the critic) put their LoRA adapters on");
 
+/** LoRA on some transformer layers only (0-based, negative from the last); null: all layers. */
+const layerList = (description: string) =>
+  z
+    .array(z.number({ error: "expected an integer" }).int({ error: "expected an integer" }))
+    .min(1, { error: "expected at least one layer index" })
+    .nullable()
+    .default(null)
+    .describe(description);
+
 const Lora = z
   .strictObject({
     r: posInt().default(8).describe("LoRA rank"),
@@ -82,14 +91,9 @@ const Lora = z
       .min(1, { error: "expected at least one module name" })
       .default(["q_proj", "v_proj"])
       .describe("modules that get LoRA weights"),
-    layers: z
-      .array(z.number({ error: "expected an integer" }).int({ error: "expected an integer" }))
-      .min(1, { error: "expected at least one layer index" })
-      .nullable()
-      .default(null)
-      .describe(
-        "only these transformer layers get LoRA weights (0-based, negative from the last); null: all",
-      ),
+    layers: layerList(
+      "only these transformer layers get LoRA weights (0-based, negative from the last); null: all",
+    ),
   })
   .describe("the agent's own LoRA adapter");
 
@@ -218,14 +222,9 @@ const Critic = z
       .min(1)
       .default(["q_proj", "v_proj"])
       .describe("modules with critic LoRA weights"),
-    layers: z
-      .array(z.number({ error: "expected an integer" }).int({ error: "expected an integer" }))
-      .min(1, { error: "expected at least one layer index" })
-      .nullable()
-      .default(null)
-      .describe(
-        "only these layers get critic LoRA weights (negative from the last), e.g. [-8, -7, -6, -5, -4, -3, -2, -1]: the critic's backward then stops below them (about 2x cheaper); null: all",
-      ),
+    layers: layerList(
+      "only these layers get critic LoRA weights (negative from the last), e.g. [-8, -7, -6, -5, -4, -3, -2, -1]: the critic's backward then stops below them (about 2x cheaper); null: all",
+    ),
 
     lr: posNum().default(5e-5).describe("critic learning rate"),
     headHidden: z
