@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import type { EngineClient } from "../src/client/client.ts";
 import { startLocalEngine } from "../src/client/launcher.ts";
+import { datasetsDir } from "../src/envs/datasets.ts";
 import { loadMathProblems } from "../src/envs/math/data.ts";
 import { MathEnv } from "../src/envs/math/env.ts";
 import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
@@ -108,7 +109,7 @@ export async function benchRollout(opts: { quick?: boolean; log?: (s: string) =>
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
   const episodes = opts.quick ? 8 : 16;
   const maxNewTokens = opts.quick ? 128 : 256;
-  const problems = loadMathProblems(join(REPO, "../shared/datasets/gsm8k/train.jsonl")).slice(0, episodes);
+  const problems = loadMathProblems(join(datasetsDir(), "gsm8k/train.jsonl")).slice(0, episodes);
   const engine = await startLocalEngine({ logFile: join(tmpdir(), "marft-bench-engine.log"), device: "cpu" });
   const cases: RolloutBenchCase[] = [];
   try {

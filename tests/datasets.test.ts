@@ -1,9 +1,16 @@
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { z } from "zod";
-import { holdOutLast, loadRecords, parseJsonRecords, readJsonRecords } from "../src/envs/datasets.ts";
+import {
+  datasetsDir,
+  findDatasetsDir,
+  holdOutLast,
+  loadRecords,
+  parseJsonRecords,
+  readJsonRecords,
+} from "../src/envs/datasets.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "marft-datasets-"));
 function file(name: string, text: string): string {
@@ -67,5 +74,21 @@ describe("holdOutLast", () => {
     expect(holdOutLast([1, 2, 3, 4], 1)).toEqual({ train: [1, 2, 3], dev: [4] });
     expect(holdOutLast([1, 2], 5)).toEqual({ train: [], dev: [1, 2] });
     expect(() => holdOutLast([1], -1)).toThrow(/devSize/);
+  });
+});
+
+describe("datasetsDir", () => {
+  it("finds the shared datasets; MARFT_DATASETS overrides, and a wrong one is named", () => {
+    expect(existsSync(join(datasetsDir(), "gsm8k/train.jsonl"))).toBe(true);
+    const before = process.env["MARFT_DATASETS"];
+    try {
+      process.env["MARFT_DATASETS"] = dir;
+      expect(findDatasetsDir()).toBe(dir);
+      process.env["MARFT_DATASETS"] = join(dir, "nope");
+      expect(() => findDatasetsDir()).toThrow(/^MARFT_DATASETS: .*nope does not exist/);
+    } finally {
+      if (before === undefined) delete process.env["MARFT_DATASETS"];
+      else process.env["MARFT_DATASETS"] = before;
+    }
   });
 });

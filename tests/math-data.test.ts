@@ -2,10 +2,11 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { datasetsDir } from "../src/envs/datasets.ts";
 import { loadMathProblems, loadMathSplits } from "../src/envs/math/data.ts";
 import { extractAnswer, extractAnswerIs, extractBoxed, extractLastNumber } from "../src/envs/math/extract.ts";
 
-const DATA = new URL("../../shared/datasets/", import.meta.url).pathname;
+const DATA = datasetsDir();
 
 describe("loadMathProblems on the shared datasets, as they are", () => {
   it("reads the MARFT reference format (JSON array of {problem, final_answer})", () => {

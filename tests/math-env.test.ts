@@ -1,5 +1,6 @@
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { datasetsDir } from "../src/envs/datasets.ts";
 import { checkEnv } from "../src/flexmg/check.ts";
 import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
 import { createMathSuite, MathEnv, type MathProblem, parseMathOptions } from "../src/envs/math/env.ts";
@@ -7,7 +8,7 @@ import { closeSharedSymbolicPool } from "../src/envs/math/pool.ts";
 
 afterAll(() => closeSharedSymbolicPool());
 
-const DATA = new URL("../../shared/datasets/", import.meta.url).pathname;
+const DATA = datasetsDir();
 const duo: AgentSpec[] = [
   { id: "reasoner", role: "reasoner", systemPrompt: "Plan the solution. Do not compute the answer." },
   { id: "actor", role: "actor", systemPrompt: "Follow the plan; put the answer in \\boxed{}." },

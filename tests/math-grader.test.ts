@@ -1,6 +1,8 @@
 import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import fc from "fast-check";
 import { afterAll, describe, expect, it } from "vitest";
+import { datasetsDir } from "../src/envs/datasets.ts";
 import { gradeAnswer } from "../src/envs/math/grader.ts";
 import { closeSharedSymbolicPool, SymbolicPool } from "../src/envs/math/pool.ts";
 import { GRADER_TABLE } from "./fixtures/math/grader-table.ts";
@@ -93,7 +95,7 @@ describe("gradeAnswer: adversarial input", () => {
 });
 
 describe("gradeAnswer: properties", () => {
-  const answers = readFileSync(new URL("../../shared/datasets/math/test500.jsonl", import.meta.url), "utf8")
+  const answers = readFileSync(join(datasetsDir(), "math/test500.jsonl"), "utf8")
     .split("\n")
     .filter((l) => l.trim() !== "")
     .map((l) => (JSON.parse(l) as { answer: string }).answer);

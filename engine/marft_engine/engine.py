@@ -75,13 +75,15 @@ class Base:
     hf: PreTrainedModel  # the HF model; PEFT injects its LoRA layers into it in place
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
-    dtype: torch.dtype  # compute dtype (autocast on CUDA)
+    dtype: torch.dtype  # compute dtype (bf16: autocast; on CPU the weights stay fp32, see create_base)
     context_length: int
     eos_ids: list[int]
     pad_id: int
     vocab_size: int
     num_parameters: int
     seed: int
+    # logits are exactly lm_head(final hidden state): the head may run on chosen positions only
+    plain_head: bool
     peft: peft.PeftModel | None = None  # created with the first adapter, then holds all of them
 
     def info(self) -> BaseInfo:
@@ -240,6 +242,7 @@ class Engine:
             vocab_size=int(model.config.vocab_size),
             num_parameters=sum(p.numel() for p in model.parameters()),
             seed=body.seed,
+            plain_head=model.config.model_type in PLAIN_HEAD_MODELS,
         )
         with self.compute():
             if body.name in self.bases:
@@ -381,9 +384,9 @@ class Engine:
     # ------------------------------------------------------------------------------------------------
     # forward and training
 
-    def autocast(self, base: Base, sampling: bool = False) -> contextlib.AbstractContextManager[Any]:
-        """The base's compute dtype; on CPU, sampling stays fp32 (see create_base)."""
-        if base.dtype == torch.bfloat16 and not (sampling and base.device.type == "cpu"):
+    def autocast(self, base: Base, decode: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """The base's compute dtype; on CPU, single-token decode steps stay fp32 (see create_base)."""
+        if base.dtype == torch.bfloat16 and not (decode and base.device.type == "cpu"):
             return torch.autocast(base.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -438,29 +441,21 @@ class Engine:
         24 GB machine cannot spare. Logits exist only at the scored positions (weights > 0) for model
         families with a plain LM head (see _token_scores), at every position otherwise; a critic
         has none."""
-        plain = base.hf.config.model_type in PLAIN_HEAD_MODELS
         groups: list[list[int]] = []
         cur: list[int] = []
         longest = 0
-        logits = 0  # logit rows of the current group
+        scored = 0  # positions of the current group that need logits (plain head)
         for i, d in enumerate(data):
             n = len(d.tokens)
-            rows = 0
-            if not critic:
-                scored = sum(1 for w in d.weights[1:] if w > 0) if d.weights is not None else n - 1
-                rows = scored if plain else n
             padded = (len(cur) + 1) * max(longest, n)
-            too_many_logits = (
-                (logits + rows) * base.vocab_size > LOGITS_BUDGET
-                if plain
-                else (padded * base.vocab_size > LOGITS_BUDGET and not critic)
-            )
-            if cur and (padded > budget or too_many_logits):
+            mine = sum(1 for w in d.weights[1:] if w > 0) if d.weights is not None else n - 1
+            logit_rows = 0 if critic else (scored + mine if base.plain_head else padded)
+            if cur and (padded > budget or logit_rows * base.vocab_size > LOGITS_BUDGET):
                 groups.append(cur)
-                cur, longest, logits = [], 0, 0
+                cur, longest, scored = [], 0, 0
             cur.append(i)
             longest = max(longest, n)
-            logits += rows
+            scored += mine
         if cur:
             groups.append(cur)
         return groups
@@ -502,7 +497,7 @@ class Engine:
         SmolLM2) matmul and fp32 pass per position, and a policy's loss needs only the action tokens,
         not the prompt's, which are most of a sequence. Other model families (logit scaling or
         soft-capping in their forward) take the full-logits path."""
-        if base.hf.config.model_type not in PLAIN_HEAD_MODELS:
+        if not base.plain_head:
             return losses.logprobs_and_entropies(self._logits(base, ids, mask), ids, temperature)
         sel = w > 0  # [B, T]
         sel[:, 0] = False  # position 0 predicts nothing
@@ -528,7 +523,7 @@ class Engine:
                 critic = adapter is not None and adapter.kind == "critic"
                 for idx in self._micro_batches(body.data, body.micro_batch_tokens, base, critic):
                     ids, mask = self._inputs(base, body.data, idx)
-                    if adapter is not None and adapter.kind == "critic":
+                    if critic:
                         values = self._values(base, adapter, ids, mask)
                         for r, i in enumerate(idx):
                             n = len(body.data[i].tokens)

@@ -238,7 +238,7 @@ class Sampler:
     def _model_call(self, base: Base, prefill: bool = False, **kw: object) -> torch.Tensor:
         # A bf16 base on CPU: the prefill (a big matmul over whole prompts) gains from bf16 autocast,
         # single-token decode steps do not (see Engine.create_base).
-        with torch.no_grad(), self.engine.autocast(base, sampling=not prefill):
+        with torch.no_grad(), self.engine.autocast(base, decode=not prefill):
             if base.peft is not None:
                 out = base.peft(**kw)
             else:

@@ -416,8 +416,6 @@ def test_head_on_weighted_positions_only_equals_full_logits(
 ) -> None:
     """The loss runs the LM head only where weights > 0 (prompts cost no vocabulary-wide work);
     the loss, its stats and its gradient equal the full-logits computation's."""
-    from marft_engine import engine as engine_module
-
     add_policy(engine, "sel", seed=12)
     params = engine.adapters["sel"].params
     data = ppo_data(engine, "sel", 41, n=5)
@@ -437,7 +435,8 @@ def test_head_on_weighted_positions_only_equals_full_logits(
         return r.loss, r.stats, g
 
     fast = run()
-    monkeypatch.setattr(engine_module, "PLAIN_HEAD_MODELS", frozenset())
+    assert engine.bases["b"].plain_head  # tiny:llama takes the selective path...
+    monkeypatch.setattr(engine.bases["b"], "plain_head", False)  # ...and now the full-logits one
     full = run()
     assert fast[0] == pytest.approx(full[0], rel=1e-5, abs=1e-7)
     for k in ("entropy", "kl_ref", "approx_kl", "clipfrac"):

@@ -1,7 +1,46 @@
 // Shared dataset readers: JSON arrays and JSONL files, with errors that name the file and the line.
 // A record's line is where it starts in the file (1-based), so a person can jump to it.
-import { readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, isAbsolute, join, resolve } from "node:path";
 import type { z } from "zod";
+
+const REPO = resolve(import.meta.dirname, "../..");
+let datasets: string | undefined;
+
+/**
+ * The project's shared datasets folder (MATH, GSM8K, MBPP; never copied into the repository):
+ * $MARFT_DATASETS if set, else `../shared/datasets` beside this repository, else beside the
+ * repository this checkout was cloned from when that is a local folder (a scratch `git clone` of a
+ * checkout finds the same data). The error names every place it looked.
+ */
+export function datasetsDir(): string {
+  datasets ??= findDatasetsDir();
+  return datasets;
+}
+
+export function findDatasetsDir(): string {
+  const env = process.env["MARFT_DATASETS"];
+  if (env) {
+    if (!existsSync(env)) throw new Error(`MARFT_DATASETS: ${env} does not exist`);
+    return resolve(env);
+  }
+  const tried = [resolve(REPO, "../shared/datasets")];
+  try {
+    const origin = execFileSync("git", ["-C", REPO, "remote", "get-url", "origin"], {
+      encoding: "utf8",
+      stdio: ["ignore", "pipe", "ignore"],
+    }).trim();
+    if (isAbsolute(origin)) tried.push(join(dirname(resolve(origin)), "shared/datasets"));
+  } catch {
+    // not a git checkout, or no origin: only the folder beside the repository counts
+  }
+  const found = tried.find((d) => existsSync(d));
+  if (found === undefined) {
+    throw new Error(`shared datasets not found: set MARFT_DATASETS, or place them at ${tried.join(" or ")}`);
+  }
+  return found;
+}
 
 export interface JsonRecord {
   /** 1-based line where the record starts. */

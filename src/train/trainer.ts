@@ -4,7 +4,8 @@
 //   guard        refuse turns sampled by an adapter version older than the current one
 //   values       the centralized critic's V(o) for every action (MARFT-A), or V at every action token (MARFT-T)
 //   advantages   reward routing -> GAE / group baselines (src/algo) -> per-agent normalisation
-//   policy       per adapter: (bf16: old log-probs recomputed by a forward pass) PPO epochs x minibatches, one optim_step per minibatch, target-KL early stop
+//   policy       per adapter: old log-probs recomputed by a forward pass when the base runs in bf16,
+//                then PPO epochs x minibatches, one optim_step per minibatch, target-KL early stop
 //   critic       clipped value loss towards the returns
 //   log          one metrics.jsonl line
 //   eval         every train.evalEvery iterations and at the end
@@ -142,6 +143,17 @@ export function tasksAt(seed: number, n: number, cursor: number, count: number):
   return out;
 }
 
+/** Steps by the temperature they were sampled at: an engine call scores at one temperature. */
+function byTemperature(steps: Step[]): Map<number, Step[]> {
+  const out = new Map<number, Step[]>();
+  for (const s of steps) {
+    const list = out.get(s.turn.temperature);
+    if (list) list.push(s);
+    else out.set(s.turn.temperature, [s]);
+  }
+  return out;
+}
+
 /** The trainer proper. `train()` below wires it to a run directory and an engine. */
 export class Trainer {
   state: TrainerState;
@@ -197,11 +209,9 @@ export class Trainer {
    * Returns the mean absolute difference to the sampler's log-probs, a health figure.
    */
   private async recomputeLogprobs(adapter: string, mine: Step[]): Promise<number> {
-    const byTemp = new Map<number, Step[]>();
-    for (const s of mine) byTemp.set(s.turn.temperature, [...(byTemp.get(s.turn.temperature) ?? []), s]);
     let diff = 0;
     let n = 0;
-    for (const [temperature, group] of byTemp) {
+    for (const [temperature, group] of byTemperature(mine)) {
       const res = await this.client.forward({
         adapter,
         // weights: only the response's log-probs are computed (the prompt's are not needed)
@@ -394,15 +404,9 @@ export class Trainer {
       for (const mb of this.chunks(order, c.ppo.minibatches)) {
         // One forward_backward per sampling temperature (agents sharing an adapter may differ), each
         // weighted by its share of the minibatch's action tokens: together one token-mean loss.
-        const byTemp = new Map<number, Step[]>();
-        for (const s of mb) {
-          const list = byTemp.get(s.turn.temperature);
-          if (list) list.push(s);
-          else byTemp.set(s.turn.temperature, [s]);
-        }
         const total = mb.reduce((n, s) => n + s.turn.responseIds.length, 0);
         const stats: Record<string, number> = {};
-        for (const [temperature, group] of byTemp) {
+        for (const [temperature, group] of byTemperature(mb)) {
           const share = group.reduce((n, s) => n + s.turn.responseIds.length, 0) / total;
           const r = await this.client.forwardBackward({
             adapter,

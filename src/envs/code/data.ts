@@ -157,5 +157,5 @@ export function loadCodeProblems(file: string): CodeProblem[] {
   });
 }
 
-/** The MBPP file shipped with the project, relative to the repository root. */
-export const MBPP_FILE = "../shared/datasets/mbpp/sanitized-mbpp.json";
+/** The MBPP file of the shared datasets, relative to the datasets folder (see datasetsDir). */
+export const MBPP_FILE = "mbpp/sanitized-mbpp.json";

@@ -24,10 +24,9 @@
 // run while the reviewer or tester is being sampled; the step's last `act` awaits them.
 // The reference solution is never read here: observations hold the prompt, the function name and
 // signature, and (only if `visibleTests` > 0) that many of the tests.
-import { dirname, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { z } from "zod";
-import { holdOutLast } from "../datasets.ts";
+import { datasetsDir, holdOutLast } from "../datasets.ts";
 import { TeamEnv } from "../../flexmg/team.ts";
 import type { AgentId, AgentSpec, GraphSpec, Rewards, TaskSuite } from "../../flexmg/types.ts";
 import { type CodeProblem, loadCodeProblems, MBPP_FILE } from "./data.ts";
@@ -293,8 +292,7 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
 
 /** The MBPP file of the project's shared datasets, as an absolute path. */
 export function defaultMbppFile(): string {
-  const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
-  return resolve(repoRoot, MBPP_FILE);
+  return join(datasetsDir(), MBPP_FILE);
 }
 
 /** Code problems as a TaskSuite: MBPP by default; one sandbox pool shared by all its envs. */
