@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import random
@@ -15,11 +16,10 @@ import re
 import resource
 import secrets
 import shutil
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import peft
@@ -68,6 +68,22 @@ LOGITS_BUDGET = 2**25
 PLAIN_HEAD_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
+def _bf16_linear_weights(model: PreTrainedModel) -> None:
+    """Store a frozen model's linear weights in bf16, everything else as it is. Under bf16 autocast a
+    linear layer casts its weight to bf16 anyway, so the results are unchanged; what goes is that cast,
+    on every call (frozen weights are not in autocast's cast cache): about half of a CPU decode step.
+    A tied LM head gets its own bf16 copy, so the input embeddings stay fp32."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear) and head.weight is emb.weight:
+        head.weight = torch.nn.Parameter(emb.weight.detach().to(torch.bfloat16), requires_grad=False)
+        model.config.tie_word_embeddings = False
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight.data = m.weight.data.to(torch.bfloat16)
+            if m.bias is not None:
+                m.bias.data = m.bias.data.to(torch.bfloat16)
+
+
 @dataclass
 class Base:
     name: str
@@ -75,7 +91,9 @@ class Base:
     hf: PreTrainedModel  # the HF model; PEFT injects its LoRA layers into it in place
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
-    dtype: torch.dtype  # compute dtype (bf16: autocast; on CPU the weights stay fp32, see create_base)
+    dtype: (
+        torch.dtype
+    )  # compute dtype (bf16: autocast; on CPU embeddings and norms stay fp32, see create_base)
     context_length: int
     eos_ids: list[int]
     pad_id: int
@@ -164,6 +182,23 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+T = TypeVar("T")
+
+
+def on_compute_thread(method: Callable[..., T]) -> Callable[..., T]:
+    """Run an Engine method on the engine's compute thread (the sampler's loop, between decode steps)
+    and wait for it. Why one thread: torch work from several threads is not safe on one model, and on
+    a CPU every thread that runs torch ops gets its own OpenMP pool; with more pooled threads than
+    cores, OpenMP stops spinning between parallel regions and each op pays for waking its workers
+    (about 2x slower matmuls on this project's 2-core machine)."""
+
+    @functools.wraps(method)
+    def run(self: Engine, *args: Any, **kwargs: Any) -> T:
+        return self.sampler.call(lambda: method(self, *args, **kwargs))
+
+    return run
+
+
 class Engine:
     def __init__(self, device: str = "auto", max_batch: int = 64) -> None:
         self.device = resolve_device(device)
@@ -171,10 +206,6 @@ class Engine:
         self.max_batch = max_batch
         self.bases: dict[str, Base] = {}
         self.adapters: dict[str, Adapter] = {}
-        # Torch compute on one model is not thread-safe: every forward / backward / step holds this.
-        self.lock = threading.RLock()
-        self._count_lock = threading.Lock()
-        self.waiting = 0  # calls queued for the lock; the sampler yields to them between decode steps
         self.counters = Counters()
         from .sampler import Sampler  # here to keep the import graph one-way
 
@@ -184,29 +215,15 @@ class Engine:
     def close(self) -> None:
         self.sampler.close()
 
-    @contextlib.contextmanager
-    def compute(self) -> Iterator[None]:
-        """The compute lock for a request; announced, so the decode loop lets it in at its next step
-        (a plain lock is not fair: the loop could take it back at once, step after step)."""
-        with self._count_lock:
-            self.waiting += 1
-        self.lock.acquire()
-        with self._count_lock:
-            self.waiting -= 1
-        try:
-            yield
-        finally:
-            self.lock.release()
-
     # ------------------------------------------------------------------------------------------------
     # bases and adapters
 
+    @on_compute_thread
     def create_base(self, body: BaseCreate) -> BaseInfo:
         if not NAME_RE.match(body.name) or body.name == BASE_ADAPTER:
             raise bad_request(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
-        with self.compute():
-            if body.name in self.bases:
-                raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
+        if body.name in self.bases:
+            raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
         try:
             model, tokenizer = load_source(body.source, body.seed)
         except (OSError, ValueError) as e:  # unreadable or foreign files: the caller's source is wrong
@@ -217,12 +234,17 @@ class Engine:
         dtype = torch.float32
         if body.dtype == "bfloat16" or (self.device.type == "cuda" and body.dtype == "auto"):
             dtype = torch.bfloat16
-        # The base is frozen; on GPU it is stored in its compute dtype. On CPU it stays fp32: sampling
-        # runs without autocast there (decoding small batches is not faster in bf16 on a CPU, the casts
-        # cost more than they save) and bf16 autocast speeds up the forward and training passes.
-        # LoRA weights and optimizer state are fp32 everywhere.
+        # The base is frozen; on GPU it is stored in its compute dtype. A bf16 base on CPU keeps fp32
+        # embeddings and norms (so the residual stream stays fp32, as under autocast) and bf16 linear
+        # weights; every pass runs under bf16 autocast, with decode attention in fp32 (see
+        # sampler.use_decode_attention). LoRA weights and optimizer state are fp32 everywhere.
         store = dtype if self.device.type == "cuda" else torch.float32
         model = model.to(device=self.device, dtype=store).eval().requires_grad_(False)
+        if self.device.type == "cpu" and dtype == torch.bfloat16:
+            from .sampler import use_decode_attention
+
+            _bf16_linear_weights(model)
+            use_decode_attention(model)
         eos = tokenizer.eos_token_id
         eos_ids = sorted({int(eos)} if eos is not None else set())
         cfg_eos = model.config.eos_token_id
@@ -244,12 +266,12 @@ class Engine:
             seed=body.seed,
             plain_head=model.config.model_type in PLAIN_HEAD_MODELS,
         )
-        with self.compute():
-            if body.name in self.bases:
-                raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
-            self.bases[body.name] = base
+        if body.name in self.bases:
+            raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
+        self.bases[body.name] = base
         return base.info()
 
+    @on_compute_thread
     def list_bases(self) -> BaseList:
         return BaseList(bases=[b.info() for b in self.bases.values()])
 
@@ -278,78 +300,78 @@ class Engine:
             )
         return a.base, a
 
+    @on_compute_thread
     def create_adapter(self, body: AdapterCreate) -> AdapterInfo:
         if not NAME_RE.match(body.name) or body.name == BASE_ADAPTER:
             raise bad_request(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
         if body.kind == "policy" and body.value_head_hidden:
             raise bad_request("value_head_hidden: only critic adapters have a value head")
-        with self.compute():
-            if body.name in self.adapters:
-                raise EngineError(409, "conflict", f"name: adapter {body.name!r} already exists")
-            base = self.get_base(body.base)
-            lora = body.lora
-            init_state: dict[str, torch.Tensor] | None = None
-            if body.init_from is not None:
-                lora, init_state = read_peft_dir(body.init_from)
-            n_layers = int(getattr(base.hf.config, "num_hidden_layers", 0))
-            if lora.layers is not None:
-                bad = [x for x in lora.layers if not -n_layers <= x < n_layers]
-                if bad or not lora.layers:
-                    raise bad_request(
-                        f"lora.layers: expected layer indices in [-{n_layers}, {n_layers}) of base "
-                        f"{base.name!r}, got {lora.layers}"
-                    )
-                lora = lora.model_copy(update={"layers": sorted({x % n_layers for x in lora.layers})})
-            cfg = peft.LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                layers_to_transform=lora.layers,
-                bias="none",
-                task_type="CAUSAL_LM",
-            )
-            try:
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(body.seed)
-                    if base.peft is None:
-                        base.peft = peft.get_peft_model(base.hf, cfg, adapter_name=body.name)
-                    else:
-                        base.peft.add_adapter(body.name, cfg)
-            except ValueError as e:
-                raise bad_request(f"lora.target_modules: {e}") from e
-            base.peft.eval()
-            if init_state is not None:
-                result = peft.set_peft_model_state_dict(base.peft, init_state, adapter_name=body.name)
-                missing = [k for k in result.missing_keys if f".{body.name}." in k and "lora_" in k]
-                if missing:
-                    self._drop_peft_adapter(base, body.name)
-                    raise bad_request(f"init_from: {body.init_from!r} lacks weights such as {missing[0]}")
-            params = adapter_params(base.peft, body.name)
-            head = None
-            if body.kind == "critic":
-                head = make_value_head(base.hf.config.hidden_size, body.value_head_hidden, body.seed + 1)
-                head = head.to(self.device)
-                params = params + list(head.parameters())
-            for p in params:
-                p.data = p.data.float()  # fp32 master weights whatever the base dtype
-            optimizer = make_optimizer(params, body.optimizer)
-            adapter = Adapter(
-                name=body.name,
-                base=base,
-                kind=body.kind,
-                lora=lora,
-                opt=body.optimizer,
-                value_head_hidden=list(body.value_head_hidden),
-                params=params,
-                optimizer=optimizer,
-                value_head=head,
-                lr=body.optimizer.lr,
-                seed=body.seed,
-            )
-            self.adapters[body.name] = adapter
-            lora_batch.bump()
-            return adapter.info()
+        if body.name in self.adapters:
+            raise EngineError(409, "conflict", f"name: adapter {body.name!r} already exists")
+        base = self.get_base(body.base)
+        lora = body.lora
+        init_state: dict[str, torch.Tensor] | None = None
+        if body.init_from is not None:
+            lora, init_state = read_peft_dir(body.init_from)
+        n_layers = int(getattr(base.hf.config, "num_hidden_layers", 0))
+        if lora.layers is not None:
+            bad = [x for x in lora.layers if not -n_layers <= x < n_layers]
+            if bad or not lora.layers:
+                raise bad_request(
+                    f"lora.layers: expected layer indices in [-{n_layers}, {n_layers}) of base "
+                    f"{base.name!r}, got {lora.layers}"
+                )
+            lora = lora.model_copy(update={"layers": sorted({x % n_layers for x in lora.layers})})
+        cfg = peft.LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            layers_to_transform=lora.layers,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(body.seed)
+                if base.peft is None:
+                    base.peft = peft.get_peft_model(base.hf, cfg, adapter_name=body.name)
+                else:
+                    base.peft.add_adapter(body.name, cfg)
+        except ValueError as e:
+            raise bad_request(f"lora.target_modules: {e}") from e
+        base.peft.eval()
+        if init_state is not None:
+            result = peft.set_peft_model_state_dict(base.peft, init_state, adapter_name=body.name)
+            missing = [k for k in result.missing_keys if f".{body.name}." in k and "lora_" in k]
+            if missing:
+                self._drop_peft_adapter(base, body.name)
+                raise bad_request(f"init_from: {body.init_from!r} lacks weights such as {missing[0]}")
+        params = adapter_params(base.peft, body.name)
+        head = None
+        if body.kind == "critic":
+            head = make_value_head(base.hf.config.hidden_size, body.value_head_hidden, body.seed + 1)
+            head = head.to(self.device)
+            params = params + list(head.parameters())
+        for p in params:
+            p.data = p.data.float()  # fp32 master weights whatever the base dtype
+        optimizer = make_optimizer(params, body.optimizer)
+        adapter = Adapter(
+            name=body.name,
+            base=base,
+            kind=body.kind,
+            lora=lora,
+            opt=body.optimizer,
+            value_head_hidden=list(body.value_head_hidden),
+            params=params,
+            optimizer=optimizer,
+            value_head=head,
+            lr=body.optimizer.lr,
+            seed=body.seed,
+        )
+        self.adapters[body.name] = adapter
+        lora_batch.bump()
+        return adapter.info()
 
     def _drop_peft_adapter(self, base: Base, name: str) -> None:
         assert base.peft is not None
@@ -360,33 +382,35 @@ class Engine:
         else:
             base.peft.delete_adapter(name)
 
+    @on_compute_thread
     def list_adapters(self) -> AdapterList:
         return AdapterList(adapters=[a.info() for a in self.adapters.values()])
 
+    @on_compute_thread
     def delete_adapter(self, name: str) -> AdapterInfo:
-        with self.compute():
-            adapter = self.get_adapter(name, "name")
-            info = adapter.info()
-            self._drop_peft_adapter(adapter.base, name)
-            del self.adapters[name]
-            lora_batch.bump()
-            return info
+        adapter = self.get_adapter(name, "name")
+        info = adapter.info()
+        self._drop_peft_adapter(adapter.base, name)
+        del self.adapters[name]
+        lora_batch.bump()
+        return info
 
     # ------------------------------------------------------------------------------------------------
     # sampling (the decode loop is in sampler.py)
 
     def sample(self, body: SampleBatch) -> SampleResponse:
-        return self.sampler.submit(body).result()
+        return self.submit_sample(body).result()
 
+    @on_compute_thread
     def submit_sample(self, body: SampleBatch) -> concurrent.futures.Future[SampleResponse]:
         return self.sampler.submit(body)
 
     # ------------------------------------------------------------------------------------------------
     # forward and training
 
-    def autocast(self, base: Base, decode: bool = False) -> contextlib.AbstractContextManager[Any]:
-        """The base's compute dtype; on CPU, single-token decode steps stay fp32 (see create_base)."""
-        if base.dtype == torch.bfloat16 and not (decode and base.device.type == "cpu"):
+    def autocast(self, base: Base) -> contextlib.AbstractContextManager[Any]:
+        """The base's compute dtype (a bf16 base's weights may be stored fp32, see create_base)."""
+        if base.dtype == torch.bfloat16:
             return torch.autocast(base.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -514,298 +538,287 @@ class Engine:
             hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
         return adapter.value_head(hidden.float()).squeeze(-1)  # [B, T]
 
+    @on_compute_thread
     def forward(self, body: ForwardRequest) -> ForwardResponse:
-        with self.compute():
-            base, adapter = self.resolve(body.adapter, body.base)
-            self._validate_data(base, body.data, [])
-            results: list[ForwardResult] = [ForwardResult() for _ in body.data]
-            with torch.no_grad(), self._active(base, adapter):
-                critic = adapter is not None and adapter.kind == "critic"
-                for idx in self._micro_batches(body.data, body.micro_batch_tokens, base, critic):
-                    ids, mask = self._inputs(base, body.data, idx)
-                    if critic:
-                        values = self._values(base, adapter, ids, mask)
-                        for r, i in enumerate(idx):
-                            n = len(body.data[i].tokens)
-                            results[i] = ForwardResult(values=values[r, :n].tolist())
-                        continue
-                    # weights given: log-probs only where they are positive (e.g. a response), 0 elsewhere
-                    w = self._pad(base, body.data, idx, "weights")  # [B, T]
-                    logp, ent = self._token_scores(base, ids, mask, w, body.temperature)
+        base, adapter = self.resolve(body.adapter, body.base)
+        self._validate_data(base, body.data, [])
+        results: list[ForwardResult] = [ForwardResult() for _ in body.data]
+        with torch.no_grad(), self._active(base, adapter):
+            critic = adapter is not None and adapter.kind == "critic"
+            for idx in self._micro_batches(body.data, body.micro_batch_tokens, base, critic):
+                ids, mask = self._inputs(base, body.data, idx)
+                if critic:
+                    values = self._values(base, adapter, ids, mask)
                     for r, i in enumerate(idx):
                         n = len(body.data[i].tokens)
-                        results[i] = ForwardResult(
-                            logprobs=logp[r, :n].tolist(), entropies=ent[r, :n].tolist()
-                        )
-            return ForwardResponse(results=results)
+                        results[i] = ForwardResult(values=values[r, :n].tolist())
+                    continue
+                # weights given: log-probs only where they are positive (e.g. a response), 0 elsewhere
+                w = self._pad(base, body.data, idx, "weights")  # [B, T]
+                logp, ent = self._token_scores(base, ids, mask, w, body.temperature)
+                for r, i in enumerate(idx):
+                    n = len(body.data[i].tokens)
+                    results[i] = ForwardResult(logprobs=logp[r, :n].tolist(), entropies=ent[r, :n].tolist())
+        return ForwardResponse(results=results)
 
+    @on_compute_thread
     def forward_backward(self, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
-        with self.compute():
-            adapter = self.get_adapter(body.adapter)
-            base = adapter.base
-            if body.loss == "value" and adapter.kind != "critic":
-                raise bad_request(f"loss: 'value' needs a critic adapter; {adapter.name!r} is a policy")
-            if body.loss != "value" and adapter.kind != "policy":
-                raise bad_request(f"loss: {body.loss!r} needs a policy adapter; {adapter.name!r} is a critic")
-            need = {
-                "ppo": ["old_logprobs", "advantages"],
-                "importance_sampling": ["old_logprobs", "advantages"],
-                "cross_entropy": [],
-                "value": ["returns"] + (["old_values"] if body.value.clip is not None else []),
-            }[body.loss]
-            data = body.data
-            self._validate_data(base, data, need)
+        adapter = self.get_adapter(body.adapter)
+        base = adapter.base
+        if body.loss == "value" and adapter.kind != "critic":
+            raise bad_request(f"loss: 'value' needs a critic adapter; {adapter.name!r} is a policy")
+        if body.loss != "value" and adapter.kind != "policy":
+            raise bad_request(f"loss: {body.loss!r} needs a policy adapter; {adapter.name!r} is a critic")
+        need = {
+            "ppo": ["old_logprobs", "advantages"],
+            "importance_sampling": ["old_logprobs", "advantages"],
+            "cross_entropy": [],
+            "value": ["returns"] + (["old_values"] if body.value.clip is not None else []),
+        }[body.loss]
+        data = body.data
+        self._validate_data(base, data, need)
 
-            # Normalisers over the whole call, so micro-batch gradients sum to the full-batch gradient.
-            all_w = [
-                (d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data
-            ]
-            total_w = float(sum(sum(w) for w in all_w))
-            if total_w <= 0:
-                raise bad_request("data[*].weights: no token has a positive weight")
-            agg = body.ppo.aggregation
-            norm = total_w if agg == "token-mean" else float(len(data))
-            st = _CallStats()
-            total_loss = 0.0
-            groups = self._micro_batches(data, body.micro_batch_tokens, base, body.loss == "value")
-            cfg = body.ppo
-            want_ref = body.loss == "ppo" and cfg.kl_coef > 0
-            for idx in groups:
-                ids, mask = self._inputs(base, data, idx)
-                w = self._pad(base, data, idx, "weights")  # [B, T]
-                ref_logp = None
-                if want_ref:
-                    with torch.no_grad(), self._active(base, None):
-                        ref_logp, _ = self._token_scores(base, ids, mask, w, body.temperature)
-                with self._active(base, adapter, train=True):
-                    if body.loss == "value":
-                        values = self._values(base, adapter, ids, mask)  # [B, T]
-                        returns = self._pad(base, data, idx, "returns")
-                        old_v = (
-                            self._pad(base, data, idx, "old_values") if body.value.clip is not None else None
-                        )
-                        loss, clipped = losses.value_loss(
-                            values,
-                            returns,
-                            old_v,
-                            w,
-                            kind=body.value.loss,
-                            huber_delta=body.value.huber_delta,
-                            clip=body.value.clip,
-                            aggregation=agg,
-                            norm=norm,
-                        )
-                        v = values.detach()
-                        st.add("value_mean", (v * w).sum())
-                        st.add("return_mean", (returns * w).sum())
-                        st.add("return_sq", (returns**2 * w).sum())
-                        st.add("residual", ((returns - v) * w).sum())
-                        st.add("residual_sq", ((returns - v) ** 2 * w).sum())
-                        st.add("clipfrac", (clipped.float() * w).sum())
+        # Normalisers over the whole call, so micro-batch gradients sum to the full-batch gradient.
+        all_w = [(d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data]
+        total_w = float(sum(sum(w) for w in all_w))
+        if total_w <= 0:
+            raise bad_request("data[*].weights: no token has a positive weight")
+        agg = body.ppo.aggregation
+        norm = total_w if agg == "token-mean" else float(len(data))
+        st = _CallStats()
+        total_loss = 0.0
+        groups = self._micro_batches(data, body.micro_batch_tokens, base, body.loss == "value")
+        cfg = body.ppo
+        want_ref = body.loss == "ppo" and cfg.kl_coef > 0
+        for idx in groups:
+            ids, mask = self._inputs(base, data, idx)
+            w = self._pad(base, data, idx, "weights")  # [B, T]
+            ref_logp = None
+            if want_ref:
+                with torch.no_grad(), self._active(base, None):
+                    ref_logp, _ = self._token_scores(base, ids, mask, w, body.temperature)
+            with self._active(base, adapter, train=True):
+                if body.loss == "value":
+                    values = self._values(base, adapter, ids, mask)  # [B, T]
+                    returns = self._pad(base, data, idx, "returns")
+                    old_v = self._pad(base, data, idx, "old_values") if body.value.clip is not None else None
+                    loss, clipped = losses.value_loss(
+                        values,
+                        returns,
+                        old_v,
+                        w,
+                        kind=body.value.loss,
+                        huber_delta=body.value.huber_delta,
+                        clip=body.value.clip,
+                        aggregation=agg,
+                        norm=norm,
+                    )
+                    v = values.detach()
+                    st.add("value_mean", (v * w).sum())
+                    st.add("return_mean", (returns * w).sum())
+                    st.add("return_sq", (returns**2 * w).sum())
+                    st.add("residual", ((returns - v) * w).sum())
+                    st.add("residual_sq", ((returns - v) ** 2 * w).sum())
+                    st.add("clipfrac", (clipped.float() * w).sum())
+                else:
+                    need_ent_grad = body.loss == "ppo" and cfg.entropy_coef != 0
+                    logp, ent = self._token_scores(base, ids, mask, w, body.temperature)
+                    if not need_ent_grad:
+                        ent = ent.detach()
+                    st.add("entropy", (ent.detach() * w).sum())
+                    if body.loss == "cross_entropy":
+                        loss = losses.cross_entropy_loss(logp, w, aggregation=agg, norm=norm)
                     else:
-                        need_ent_grad = body.loss == "ppo" and cfg.entropy_coef != 0
-                        logp, ent = self._token_scores(base, ids, mask, w, body.temperature)
-                        if not need_ent_grad:
-                            ent = ent.detach()
-                        st.add("entropy", (ent.detach() * w).sum())
-                        if body.loss == "cross_entropy":
-                            loss = losses.cross_entropy_loss(logp, w, aggregation=agg, norm=norm)
+                        old = self._pad(base, data, idx, "old_logprobs")
+                        adv = self._pad(base, data, idx, "advantages")
+                        if body.loss == "ppo":
+                            terms = losses.ppo_loss(
+                                logp,
+                                old,
+                                adv,
+                                w,
+                                ent if need_ent_grad else None,
+                                ref_logp,
+                                clip_low=cfg.clip_low,
+                                clip_high=cfg.clip_high,
+                                entropy_coef=cfg.entropy_coef,
+                                kl_coef=cfg.kl_coef,
+                                kl_estimator=cfg.kl_estimator,
+                                ratio_level=cfg.ratio,
+                                sequence_logprob=cfg.sequence_logprob,
+                                aggregation=agg,
+                                norm=norm,
+                            )
+                            loss = terms.loss
+                            st.add("clipfrac", (terms.clipped.float() * w).sum())
+                            if terms.kl_ref is not None:
+                                st.add("kl_ref", (terms.kl_ref.detach() * w).sum())
                         else:
-                            old = self._pad(base, data, idx, "old_logprobs")
-                            adv = self._pad(base, data, idx, "advantages")
-                            if body.loss == "ppo":
-                                terms = losses.ppo_loss(
-                                    logp,
-                                    old,
-                                    adv,
-                                    w,
-                                    ent if need_ent_grad else None,
-                                    ref_logp,
-                                    clip_low=cfg.clip_low,
-                                    clip_high=cfg.clip_high,
-                                    entropy_coef=cfg.entropy_coef,
-                                    kl_coef=cfg.kl_coef,
-                                    kl_estimator=cfg.kl_estimator,
-                                    ratio_level=cfg.ratio,
-                                    sequence_logprob=cfg.sequence_logprob,
-                                    aggregation=agg,
-                                    norm=norm,
-                                )
-                                loss = terms.loss
-                                st.add("clipfrac", (terms.clipped.float() * w).sum())
-                                if terms.kl_ref is not None:
-                                    st.add("kl_ref", (terms.kl_ref.detach() * w).sum())
-                            else:
-                                loss, _ = losses.importance_sampling_loss(
-                                    logp, old, adv, w, aggregation=agg, norm=norm
-                                )
-                            log_r = (logp.detach() - old) * (w > 0)  # token-level, for the stats
-                            r = log_r.exp()
-                            st.add("ratio_mean", (r * w).sum())
-                            st.add("approx_kl", (((r - 1) - log_r) * w).sum())
-                    (loss * body.loss_scale).backward()
-                total_loss += float(loss.detach())
-            tokens = int(sum(len(d.tokens) for d in data))
-            self.counters.tokens_trained += tokens
-            stats = {k: v / total_w for k, v in st.sums.items()}
-            if body.loss == "value":
-                mean_r = stats["return_mean"]
-                var_r = stats.pop("return_sq") - mean_r**2
-                mean_res = stats.pop("residual")
-                var_res = stats.pop("residual_sq") - mean_res**2
-                stats["return_var"] = var_r
-                stats["residual_var"] = var_res
-                stats["explained_variance"] = 1.0 - var_res / var_r if var_r > 1e-12 else 0.0
-            stats["tokens"] = float(sum(sum(1 for x in w if x > 0) for w in all_w))
-            stats["weight_sum"] = total_w
-            stats["micro_batches"] = float(len(groups))
-            return ForwardBackwardResponse(
-                loss=total_loss, stats=stats, num_data=len(data), num_tokens=tokens
-            )
+                            loss, _ = losses.importance_sampling_loss(
+                                logp, old, adv, w, aggregation=agg, norm=norm
+                            )
+                        log_r = (logp.detach() - old) * (w > 0)  # token-level, for the stats
+                        r = log_r.exp()
+                        st.add("ratio_mean", (r * w).sum())
+                        st.add("approx_kl", (((r - 1) - log_r) * w).sum())
+                (loss * body.loss_scale).backward()
+            total_loss += float(loss.detach())
+        tokens = int(sum(len(d.tokens) for d in data))
+        self.counters.tokens_trained += tokens
+        stats = {k: v / total_w for k, v in st.sums.items()}
+        if body.loss == "value":
+            mean_r = stats["return_mean"]
+            var_r = stats.pop("return_sq") - mean_r**2
+            mean_res = stats.pop("residual")
+            var_res = stats.pop("residual_sq") - mean_res**2
+            stats["return_var"] = var_r
+            stats["residual_var"] = var_res
+            stats["explained_variance"] = 1.0 - var_res / var_r if var_r > 1e-12 else 0.0
+        stats["tokens"] = float(sum(sum(1 for x in w if x > 0) for w in all_w))
+        stats["weight_sum"] = total_w
+        stats["micro_batches"] = float(len(groups))
+        return ForwardBackwardResponse(loss=total_loss, stats=stats, num_data=len(data), num_tokens=tokens)
 
+    @on_compute_thread
     def optim_step(self, body: OptimStepRequest) -> OptimStepResponse:
-        with self.compute():
-            adapter = self.get_adapter(body.adapter)
-            if body.lr is not None:
-                adapter.lr = body.lr
-                for group in adapter.optimizer.param_groups:
-                    group["lr"] = body.lr
-            grads = [p for p in adapter.params if p.grad is not None]
-            if grads:
-                max_norm = body.max_grad_norm if body.max_grad_norm is not None else float("inf")
-                norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
-            else:
-                norm = 0.0
-            adapter.optimizer.step()
-            adapter.optimizer.zero_grad(set_to_none=True)
-            adapter.version += 1
-            lora_batch.bump()
-            return OptimStepResponse(
-                adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr
-            )
+        adapter = self.get_adapter(body.adapter)
+        if body.lr is not None:
+            adapter.lr = body.lr
+            for group in adapter.optimizer.param_groups:
+                group["lr"] = body.lr
+        grads = [p for p in adapter.params if p.grad is not None]
+        if grads:
+            max_norm = body.max_grad_norm if body.max_grad_norm is not None else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+        else:
+            norm = 0.0
+        adapter.optimizer.step()
+        adapter.optimizer.zero_grad(set_to_none=True)
+        adapter.version += 1
+        lora_batch.bump()
+        return OptimStepResponse(adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr)
 
     # ------------------------------------------------------------------------------------------------
     # checkpoints
 
+    @on_compute_thread
     def save_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
-        with self.compute():
-            names = body.adapters if body.adapters is not None else list(self.adapters)
-            for i, n in enumerate(names):
-                self.get_adapter(n, f"adapters[{i}]")
-            target = Path(body.path)
-            parent = target.parent
-            if not parent.is_dir():
-                raise bad_request(f"path: parent directory {str(parent)!r} does not exist")
-            tmp = parent / f"{target.name}.tmp-{secrets.token_hex(4)}"
-            try:
-                tmp.mkdir()
-                manifest: dict[str, Any] = {"format": 1, "adapters": {}, "bases": {}}
-                for n in names:
-                    a = self.adapters[n]
-                    d = tmp / "adapters" / n
-                    write_peft_dir(a, d)
-                    if a.value_head is not None:
-                        save_file(
-                            {k: v.detach().cpu().contiguous() for k, v in a.value_head.state_dict().items()},
-                            d / "value_head.safetensors",
-                        )
-                    torch.save(a.optimizer.state_dict(), d / "optimizer.pt")
-                    manifest["adapters"][n] = {
-                        "base": a.base.name,
-                        "kind": a.kind,
-                        "version": a.version,
-                        "lr": a.lr,
-                        "lora": a.lora.model_dump(),
-                        "optimizer": a.opt.model_dump(),
-                        "value_head_hidden": a.value_head_hidden,
-                        "seed": a.seed,
-                    }
-                    b = a.base
-                    manifest["bases"][b.name] = {"source": b.source, "seed": b.seed}
-                rng = {
-                    "torch": torch.get_rng_state(),
-                    "python": random.getstate(),
-                    "numpy": np.random.get_state(),
-                }
-                if torch.cuda.is_available():
-                    rng["cuda"] = torch.cuda.get_rng_state_all()
-                torch.save(rng, tmp / "rng.pt")
-                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-                if target.exists():
-                    # os.replace cannot swap a directory onto a non-empty one: move the old one aside first.
-                    old = parent / f"{target.name}.old-{secrets.token_hex(4)}"
-                    os.replace(target, old)
-                    os.replace(tmp, target)
-                    shutil.rmtree(old, ignore_errors=True)
-                else:
-                    os.replace(tmp, target)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            return CheckpointResponse(path=str(target), adapters=names)
-
-    def load_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
-        with self.compute():
-            root = Path(body.path)
-            mf = root / "manifest.json"
-            if not mf.is_file():
-                raise bad_request(f"path: {body.path!r} is not a checkpoint (no manifest.json)")
-            manifest = json.loads(mf.read_text())
-            names = body.adapters if body.adapters is not None else list(manifest["adapters"])
-            for i, n in enumerate(names):
-                if n not in manifest["adapters"]:
-                    raise bad_request(f"adapters[{i}]: {n!r} is not in the checkpoint")
-                b = manifest["adapters"][n]["base"]
-                if b not in self.bases:
-                    raise bad_request(
-                        f"adapters[{i}]: its base {b!r} ({manifest['bases'][b]['source']}) is not loaded; create it first"
-                    )
+        names = body.adapters if body.adapters is not None else list(self.adapters)
+        for i, n in enumerate(names):
+            self.get_adapter(n, f"adapters[{i}]")
+        target = Path(body.path)
+        parent = target.parent
+        if not parent.is_dir():
+            raise bad_request(f"path: parent directory {str(parent)!r} does not exist")
+        tmp = parent / f"{target.name}.tmp-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir()
+            manifest: dict[str, Any] = {"format": 1, "adapters": {}, "bases": {}}
             for n in names:
-                m = manifest["adapters"][n]
-                d = root / "adapters" / n
-                a = self.adapters.get(n)
-                if a is not None and (a.kind != m["kind"] or a.base.name != m["base"]):
-                    raise bad_request(
-                        f"adapters: {n!r} exists here as a {a.kind} on {a.base.name}; the checkpoint has a {m['kind']} on {m['base']}"
-                    )
-                if a is None:
-                    self.create_adapter(
-                        AdapterCreate(
-                            name=n,
-                            base=m["base"],
-                            kind=m["kind"],
-                            lora=LoraConfig(**m["lora"]),
-                            optimizer=OptimizerConfig(**m["optimizer"]),
-                            value_head_hidden=m["value_head_hidden"],
-                            seed=m["seed"],
-                        )
-                    )
-                    a = self.adapters[n]
-                _, state = read_peft_dir(str(d))
-                assert a.base.peft is not None
-                peft.set_peft_model_state_dict(a.base.peft, state, adapter_name=n)
+                a = self.adapters[n]
+                d = tmp / "adapters" / n
+                write_peft_dir(a, d)
                 if a.value_head is not None:
-                    a.value_head.load_state_dict(
-                        load_file(d / "value_head.safetensors", device=str(self.device))
+                    save_file(
+                        {k: v.detach().cpu().contiguous() for k, v in a.value_head.state_dict().items()},
+                        d / "value_head.safetensors",
                     )
-                for p in a.params:
-                    p.grad = None
-                a.optimizer.load_state_dict(
-                    torch.load(d / "optimizer.pt", map_location=self.device, weights_only=False)
+                torch.save(a.optimizer.state_dict(), d / "optimizer.pt")
+                manifest["adapters"][n] = {
+                    "base": a.base.name,
+                    "kind": a.kind,
+                    "version": a.version,
+                    "lr": a.lr,
+                    "lora": a.lora.model_dump(),
+                    "optimizer": a.opt.model_dump(),
+                    "value_head_hidden": a.value_head_hidden,
+                    "seed": a.seed,
+                }
+                b = a.base
+                manifest["bases"][b.name] = {"source": b.source, "seed": b.seed}
+            rng = {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            }
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state_all()
+            torch.save(rng, tmp / "rng.pt")
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+            if target.exists():
+                # os.replace cannot swap a directory onto a non-empty one: move the old one aside first.
+                old = parent / f"{target.name}.old-{secrets.token_hex(4)}"
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return CheckpointResponse(path=str(target), adapters=names)
+
+    @on_compute_thread
+    def load_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
+        root = Path(body.path)
+        mf = root / "manifest.json"
+        if not mf.is_file():
+            raise bad_request(f"path: {body.path!r} is not a checkpoint (no manifest.json)")
+        manifest = json.loads(mf.read_text())
+        names = body.adapters if body.adapters is not None else list(manifest["adapters"])
+        for i, n in enumerate(names):
+            if n not in manifest["adapters"]:
+                raise bad_request(f"adapters[{i}]: {n!r} is not in the checkpoint")
+            b = manifest["adapters"][n]["base"]
+            if b not in self.bases:
+                raise bad_request(
+                    f"adapters[{i}]: its base {b!r} ({manifest['bases'][b]['source']}) is not loaded; create it first"
                 )
-                a.version = int(m["version"])
-                a.lr = float(m["lr"])
-            lora_batch.bump()
-            rng = torch.load(root / "rng.pt", weights_only=False)
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
-            return CheckpointResponse(path=str(root), adapters=names)
+        for n in names:
+            m = manifest["adapters"][n]
+            d = root / "adapters" / n
+            a = self.adapters.get(n)
+            if a is not None and (a.kind != m["kind"] or a.base.name != m["base"]):
+                raise bad_request(
+                    f"adapters: {n!r} exists here as a {a.kind} on {a.base.name}; the checkpoint has a {m['kind']} on {m['base']}"
+                )
+            if a is None:
+                self.create_adapter(
+                    AdapterCreate(
+                        name=n,
+                        base=m["base"],
+                        kind=m["kind"],
+                        lora=LoraConfig(**m["lora"]),
+                        optimizer=OptimizerConfig(**m["optimizer"]),
+                        value_head_hidden=m["value_head_hidden"],
+                        seed=m["seed"],
+                    )
+                )
+                a = self.adapters[n]
+            _, state = read_peft_dir(str(d))
+            assert a.base.peft is not None
+            peft.set_peft_model_state_dict(a.base.peft, state, adapter_name=n)
+            if a.value_head is not None:
+                a.value_head.load_state_dict(load_file(d / "value_head.safetensors", device=str(self.device)))
+            for p in a.params:
+                p.grad = None
+            a.optimizer.load_state_dict(
+                torch.load(d / "optimizer.pt", map_location=self.device, weights_only=False)
+            )
+            a.version = int(m["version"])
+            a.lr = float(m["lr"])
+        lora_batch.bump()
+        rng = torch.load(root / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return CheckpointResponse(path=str(root), adapters=names)
 
     # ------------------------------------------------------------------------------------------------
 
+    @on_compute_thread
     def stats(self, endpoints: dict[str, tuple[int, float]]) -> Stats:
         rss = _rss_bytes()
         cuda = self.device.type == "cuda"

@@ -7,6 +7,11 @@ concatenates them, so requests from concurrent HTTP calls share one batch. Every
 position ids, adapter (PEFT `adapter_names`, "__base__" = bare base), sampling parameters and seeded
 generator, so a row's tokens do not depend on which other rows share its batch. Finished rows leave
 the batch at once, and cache columns that only padding still uses are dropped.
+
+On a CPU, a bf16 base decodes under bf16 autocast with its KV cache and attention in fp32
+(`use_decode_attention`): CPU attention kernels are several times slower in bf16 for a one-token
+query, while the weight matmuls, which dominate, are faster. The decode cache grows into spare room
+(`SlackLayer`) instead of being re-concatenated at every step.
 """
 
 from __future__ import annotations
@@ -16,13 +21,17 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .errors import EngineError, bad_request
 from .schemas import (
@@ -39,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("marft_engine")
 
 BASE_ADAPTER = "__base__"
+T = TypeVar("T")
 
 
 @dataclass
@@ -86,6 +96,75 @@ class Running:
         return _kv(self.cache)
 
 
+SLACK = 64  # cache positions allocated ahead; a decode step copies the cache once every SLACK steps
+
+
+class SlackLayer(DynamicLayer):
+    """A cache layer that appends into spare room. Why: `DynamicLayer` concatenates, which copies the
+    whole layer's cache at every decode step (a fifth of a CPU decode step at a few hundred tokens).
+    `keys` / `values` are views [B, H, L, D] of buffers [B, H, L + room, D]."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self._place(keys, values)
+
+    def _place(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        B, H, L, D = keys.shape
+        self._kbuf = keys.new_empty((B, H, L + SLACK, D))
+        self._vbuf = values.new_empty((B, H, L + SLACK, values.shape[-1]))
+        self._kbuf[:, :, :L] = keys
+        self._vbuf[:, :, :L] = values
+        self.keys, self.values = self._kbuf[:, :, :L], self._vbuf[:, :, :L]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.keys.shape[-2]
+        m = n + key_states.shape[-2]
+        if m > self._kbuf.shape[-2]:
+            self._place(self.keys, self.values)
+        self._kbuf[:, :, n:m] = key_states  # cast to the cache's dtype if they differ
+        self._vbuf[:, :, n:m] = value_states
+        self.keys, self.values = self._kbuf[:, :, :m], self._vbuf[:, :, :m]
+        return self.keys, self.values
+
+
+def _cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A decode cache over per-layer (keys, values) [B, H, L, D]."""
+    cache = DynamicCache()
+    cache.layers = [SlackLayer(k, v) for k, v in kv]
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+def _attention_in_cache_dtype(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """SDPA in the dtype of the values: fp32 when decoding from an fp32 cache under bf16 autocast
+    (autocast would otherwise run it in bf16), bf16 in prefill and training passes as autocast does
+    (there rotary embeddings may have promoted queries and keys to fp32, values are bf16)."""
+    dt = value.dtype
+    with torch.autocast(query.device.type, enabled=False):
+        out, _ = sdpa_attention_forward(module, query.to(dt), key.to(dt), value, attention_mask, **kwargs)  # type: ignore[arg-type]
+    return out.to(query.dtype), None
+
+
+AttentionInterface.register("marft_sdpa", _attention_in_cache_dtype)
+AttentionMaskInterface.register("marft_sdpa", sdpa_mask)
+
+
+def use_decode_attention(model: PreTrainedModel) -> None:
+    """For a bf16 base on a CPU: attention in the cache's dtype (see the module docstring)."""
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation("marft_sdpa")
+
+
 def _row_seed(entropy: list[int]) -> int:
     """A well-mixed 63-bit seed per row from (seed, [request index,] sample index)."""
     return int(np.random.SeedSequence([abs(x) for x in entropy]).generate_state(1, dtype=np.uint64)[0] >> 1)
@@ -97,9 +176,10 @@ class Sampler:
         self.cond = threading.Condition()
         self.queued: dict[str, deque[Row]] = {}  # base name -> rows waiting for admission
         self.running: dict[str, Running] = {}
+        self.calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # see call()
         self.stopped = False
         self.peak_batch = 0  # most rows decoded together so far (observability, tests)
-        self.thread = threading.Thread(target=self._loop, name="marft-sampler", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name="marft-compute", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -153,22 +233,21 @@ class Sampler:
         eng = self.engine
         future: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
         prepared = []
-        with eng.lock:  # a consistent view of adapters and versions
-            seed = body.seed
-            if seed is None:
-                seed = int(torch.randint(0, 2**62, (1,)).item())  # from the global RNG (checkpointed)
-            for i, req in enumerate(body.requests):
-                base, adapter = eng.resolve(req.adapter, req.base, f"requests[{i}].")
-                if adapter is not None and adapter.kind != "policy":
-                    raise bad_request(
-                        f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy"
-                    )
-                ids = self._prompt_ids(base, i, req)
-                for s in req.sampling.stop:
-                    if not s:
-                        raise bad_request(f"requests[{i}].sampling.stop: empty stop string")
-                version = adapter.version if adapter is not None else 0
-                prepared.append((base, ids, req, version))
+        seed = body.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())  # from the global RNG (checkpointed)
+        for i, req in enumerate(body.requests):
+            base, adapter = eng.resolve(req.adapter, req.base, f"requests[{i}].")
+            if adapter is not None and adapter.kind != "policy":
+                raise bad_request(
+                    f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy"
+                )
+            ids = self._prompt_ids(base, i, req)
+            for s in req.sampling.stop:
+                if not s:
+                    raise bad_request(f"requests[{i}].sampling.stop: empty stop string")
+            version = adapter.version if adapter is not None else 0
+            prepared.append((base, ids, req, version))
         job = Job(
             requests=[(ids, req.adapter, v) for _, ids, req, v in prepared],
             completions=[[None] * req.sampling.n for _, _, req, _ in prepared],
@@ -205,24 +284,48 @@ class Sampler:
     # ------------------------------------------------------------------------------------------------
     # the loop
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on this loop's thread, between decode steps, and return its result (see
+        engine.on_compute_thread). On the loop's own thread it just runs."""
+        if threading.current_thread() is self.thread:
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self.cond:
+            if self.stopped:
+                raise RuntimeError("the engine is closed")
+            self.calls.append((fn, future))
+            self.cond.notify_all()
+        return future.result()
+
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.stopped and not any(self.queued.values()) and not self.running:
+                while (
+                    not self.stopped and not self.calls and not any(self.queued.values()) and not self.running
+                ):
                     self.cond.wait()
-                if self.stopped:
-                    return
+                calls = list(self.calls)
+                self.calls.clear()
+                stopped = self.stopped
+            for fn, future in calls:  # calls first: they wait for a decode step at most
+                if stopped:
+                    future.set_exception(RuntimeError("the engine is closed"))
+                    continue
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # the caller gets it, as if it had run fn itself
+                    future.set_exception(e)
+            if stopped:
+                return
+            with self.cond:
                 names = sorted(set(self.running) | {n for n, q in self.queued.items() if q})
             for name in names:
-                while self.engine.waiting:  # let queued training / forward calls in between steps
-                    time.sleep(0.0005)
                 try:
-                    with self.engine.lock:
-                        base = self.engine.bases.get(name)
-                        if base is None:
-                            raise RuntimeError(f"base {name!r} is gone")
-                        self._admit(base)
-                        self._step(base)
+                    base = self.engine.bases.get(name)
+                    if base is None:
+                        raise RuntimeError(f"base {name!r} is gone")
+                    self._admit(base)
+                    self._step(base)
                 except Exception as e:  # a failure fails the calls in that batch, not the engine
                     log.exception("sampling on base %s failed", name)
                     self._fail(name, e)
@@ -235,10 +338,8 @@ class Sampler:
             if not r.job.future.done():
                 r.job.future.set_exception(exc)
 
-    def _model_call(self, base: Base, prefill: bool = False, **kw: object) -> torch.Tensor:
-        # A bf16 base on CPU: the prefill (a big matmul over whole prompts) gains from bf16 autocast,
-        # single-token decode steps do not (see Engine.create_base).
-        with torch.no_grad(), self.engine.autocast(base, decode=not prefill):
+    def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
+        with torch.no_grad(), self.engine.autocast(base):
             if base.peft is not None:
                 out = base.peft(**kw)
             else:
@@ -302,15 +403,14 @@ class Sampler:
             use_cache=True,
             logits_to_keep=1,
             adapter_names=[r.adapter for r in uniq],
-            prefill=True,
         )
-        if dev.type == "cpu" and base.dtype == torch.bfloat16:  # a bf16 prefill's cache, decoded in fp32
-            cache = DynamicCache(ddp_cache_data=[(k.float(), v.float()) for k, v in _kv(cache)])
         sel = torch.tensor(which, device=dev)
+        kv = _kv(cache)
         if len(uniq) != len(new):  # n > 1: copy each prompt's cache rows for its samples
-            cache = DynamicCache(
-                ddp_cache_data=[(k.index_select(0, sel), v.index_select(0, sel)) for k, v in _kv(cache)]
-            )
+            kv = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
+        if dev.type == "cpu" and base.dtype == torch.bfloat16:  # a bf16 prefill's cache, decoded in fp32
+            kv = [(k.float(), v.float()) for k, v in kv]
+        cache = _cache(kv)
         mask = mask.to(dev).index_select(0, sel)
         logits = logits.index_select(0, sel)
         npos = torch.tensor([len(r.prompt) for r in new], device=dev)
@@ -424,7 +524,7 @@ class Sampler:
             self._complete(base, run.rows[i])
         keep = [i for i, r in enumerate(run.rows) if r.finish is None]
         if not keep:
-            return Running(rows=[], cache=DynamicCache(), mask=run.mask[:0], pos=run.pos[:0])
+            return Running(rows=[], cache=_cache([]), mask=run.mask[:0], pos=run.pos[:0])
         sel = torch.tensor(keep, device=run.mask.device)
         mask = run.mask.index_select(0, sel)
         # columns that are padding for every remaining row can go
@@ -434,7 +534,7 @@ class Sampler:
         ]
         return Running(
             rows=[run.rows[i] for i in keep],
-            cache=DynamicCache(ddp_cache_data=kv),
+            cache=_cache(kv),
             mask=mask[:, first:],
             pos=run.pos.index_select(0, sel),
         )
@@ -493,9 +593,7 @@ def _concat(a: Running, b: Running) -> Running:
         for (ka, va), (kb, vb) in zip(a.kv(), b.kv(), strict=True)
     ]
     mask = torch.cat([lpad(a.mask, L - La, 1), lpad(b.mask, L - Lb, 1)])
-    return Running(
-        rows=a.rows + b.rows, cache=DynamicCache(ddp_cache_data=kv), mask=mask, pos=torch.cat([a.pos, b.pos])
-    )
+    return Running(rows=a.rows + b.rows, cache=_cache(kv), mask=mask, pos=torch.cat([a.pos, b.pos]))
 
 
 def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -144,8 +144,8 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
         return engine
 
     async def run(fn: Callable[..., Any], *args: Any) -> Any:
-        # Compute runs in a worker thread so the event loop keeps accepting requests (the sampler
-        # batches concurrent calls); the engine serialises torch work itself.
+        # Engine calls wait in a worker thread so the event loop keeps accepting requests (the sampler
+        # batches concurrent calls); the engine runs them all on its one compute thread.
         return await asyncio.to_thread(fn, *args)
 
     @app.post("/v1/bases", response_model=BaseInfo)
@@ -154,7 +154,7 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
 
     @app.get("/v1/bases", response_model=BaseList)
     async def list_bases() -> BaseList:
-        return need().list_bases()
+        return await run(need().list_bases)
 
     @app.post("/v1/adapters", response_model=AdapterInfo)
     async def create_adapter(body: AdapterCreate) -> AdapterInfo:
@@ -162,7 +162,7 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
 
     @app.get("/v1/adapters", response_model=AdapterList)
     async def list_adapters() -> AdapterList:
-        return need().list_adapters()
+        return await run(need().list_adapters)
 
     @app.delete("/v1/adapters/{name}", response_model=AdapterInfo)
     async def delete_adapter(name: str) -> AdapterInfo:
@@ -201,7 +201,7 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
 
     @app.get("/v1/stats", response_model=Stats)
     async def stats() -> Stats:
-        return need().stats({k: (int(v[0]), float(v[1])) for k, v in endpoint_stats.items()})
+        return await run(need().stats, {k: (int(v[0]), float(v[1])) for k, v in endpoint_stats.items()})
 
     return app
 

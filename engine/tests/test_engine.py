@@ -448,8 +448,8 @@ def test_head_on_weighted_positions_only_equals_full_logits(
 
 
 def test_bf16_on_cpu_samples_and_trains() -> None:
-    """dtype=bfloat16 on CPU: forward and training passes run under bf16 autocast (sampling stays
-    fp32), LoRA weights stay fp32; sampling and forward agree to bf16 precision; training moves it."""
+    """dtype=bfloat16 on CPU: every pass runs under bf16 autocast (decode attention in fp32), LoRA
+    weights stay fp32; sampling and forward agree to bf16 precision; training moves it."""
     eng = Engine(device="cpu")
     try:
         info = eng.create_base(BaseCreate(name="h", source="tiny:llama", seed=0, dtype="bfloat16"))
