@@ -8,7 +8,8 @@ settings and token limits as MARFT's rollout in bench/rollout.ts, and reports th
 rollout (model loading excluded on both sides).
 
 Input (JSON file): {"agents": [{"role", "system_prompt"}], "graph": "sequential" | "parallel",
-"problems": [str], "max_new_tokens", "temperature", "top_k", "seed", "model_dir"}.
+"problems": [str], "max_new_tokens", "temperature", "top_k", "seed", "model_dir", "dtype":
+"float32" | "bfloat16"}.
 Output (JSON on stdout): {"seconds", "episodes", "response_tokens", "tokens_per_s"}.
 """
 
@@ -38,7 +39,8 @@ def main() -> None:
     agents = spec["agents"]
     # The reference's layout: one full copy of the model per agent.
     models = [
-        AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval() for _ in agents
+        AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, spec["dtype"])).eval()
+        for _ in agents
     ]
     problems: list[str] = spec["problems"]
     actions: list[list[tuple[str, str]]] = [[] for _ in problems]

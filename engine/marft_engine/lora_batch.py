@@ -29,8 +29,11 @@ def bump() -> None:
     _epoch += 1
 
 
-def _stacks(module: Any, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    key = (names, _epoch)
+def _stacks(
+    module: Any, names: tuple[str, ...], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+    """(A [(n+1) r, d_in], B [d_out, (n+1) r], slot per adapter) in the dtype the matmuls run in."""
+    key = (names, _epoch, dtype)
     cached = getattr(module, "_marft_stacks", None)
     if cached is not None and cached[0] == key:
         return cached[1], cached[2], cached[3]
@@ -48,8 +51,11 @@ def _stacks(module: Any, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Te
             A[j, :ra] = module.lora_A[a].weight.float()
             B[j, :, :ra] = module.lora_B[a].weight.float() * module.scaling[a]
             slot[a] = j
-    module._marft_stacks = (key, A, B, slot)
-    return A, B, slot
+    # Laid out once for the two matmuls below, in their dtype (under autocast they would cast per call).
+    A2 = A.reshape(-1, d_in).to(dtype)  # [(n+1) r, d_in]
+    B2 = B.permute(1, 0, 2).reshape(d_out, -1).to(dtype)  # [d_out, (n+1) r]
+    module._marft_stacks = (key, A2, B2, slot)
+    return A2, B2, slot
 
 
 def _mixed_batch_forward(
@@ -70,15 +76,18 @@ def _mixed_batch_forward(
     for k in lora_layer.VARIANT_KWARG_KEYS:  # PEFT's per-variant arguments, not for the base layer
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
-    A, B, slot = _stacks(self, names)
-    n1, r = A.shape[0], A.shape[1]
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
+    A, B, slot = _stacks(self, names, dtype)
+    n1 = len(slot) + 1
+    r = A.shape[0] // n1
     idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=x.device)  # [B]
     # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
     # block, then one matmul with all Bs side by side: no per-row copy of the weights.
-    xa = x.to(A.dtype) @ A.reshape(n1 * r, -1).T  # [B, T, (n+1) r]
+    xa = x.to(dtype) @ A.T  # [B, T, (n+1) r]
     keep = torch.nn.functional.one_hot(idx, n1).to(xa.dtype)  # [B, n+1]
     xa = (xa.view(*xa.shape[:2], n1, r) * keep[:, None, :, None]).view(xa.shape)  # [B, T, (n+1) r]
-    out = xa @ B.permute(1, 0, 2).reshape(B.shape[1], n1 * r).T  # [B, T, d_out]
+    out = xa @ B.T  # [B, T, d_out]
     return result + out.to(result.dtype)
 
 

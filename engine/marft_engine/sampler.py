@@ -144,15 +144,39 @@ def _attention_in_cache_dtype(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """SDPA in the dtype of the values: fp32 when decoding from an fp32 cache under bf16 autocast
     (autocast would otherwise run it in bf16), bf16 in prefill and training passes as autocast does
-    (there rotary embeddings may have promoted queries and keys to fp32, values are bf16)."""
+    (there rotary embeddings may have promoted queries and keys to fp32, values are bf16). With a
+    mask (always, in the sampler) grouped-query heads are shared by SDPA instead of copied per step,
+    as Hugging Face's sdpa path does for masked attention."""
     dt = value.dtype
     with torch.autocast(query.device.type, enabled=False):
-        out, _ = sdpa_attention_forward(module, query.to(dt), key.to(dt), value, attention_mask, **kwargs)  # type: ignore[arg-type]
-    return out.to(query.dtype), None
+        if attention_mask is None:  # the causal cases: Hugging Face's own handling
+            out, _ = sdpa_attention_forward(
+                module,  # type: ignore[arg-type]
+                query.to(dt),
+                key.to(dt),
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                **kwargs,  # type: ignore[arg-type]
+            )
+            return out.to(query.dtype), None
+        out = F.scaled_dot_product_attention(
+            query.to(dt),
+            key.to(dt),
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )  # [B, H, T, D]
+    return out.transpose(1, 2).contiguous().to(query.dtype), None
 
 
 AttentionInterface.register("marft_sdpa", _attention_in_cache_dtype)
