@@ -14,6 +14,8 @@ weights may have changed (optimizer steps, loads, adapter creation and deletion)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -91,6 +93,46 @@ def _mixed_batch_forward(
     return result + out.to(result.dtype)
 
 
+# Rows of the decode call in progress (see `rows`): the adapter name of each row.
+_rows: list[str] | None = None
+_original_forward = lora_layer.Linear.forward
+
+
+@contextlib.contextmanager
+def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
+    """Within the block, every LoRA Linear of `model` takes the per-row path with these adapter names,
+    as PEFT's `adapter_names` argument does, without PEFT's per-call forward hooks on every layer
+    (they cost about a tenth of a CPU decode step). Yields False, and does nothing, where the model
+    has LoRA layers of another kind (which would ignore the rows): then call PEFT with
+    `adapter_names`."""
+    global _rows
+    if not _only_linear_lora(model):
+        yield False
+        return
+    _rows = adapter_names
+    try:
+        yield True
+    finally:
+        _rows = None
+
+
+def _only_linear_lora(model: torch.nn.Module) -> bool:
+    key = _epoch  # adapters are created and deleted with a bump()
+    cached = getattr(model, "_marft_only_linear", None)
+    if cached is None or cached[0] != key:
+        kinds = [m for m in model.modules() if isinstance(m, lora_layer.LoraLayer)]
+        cached = (key, all(isinstance(m, lora_layer.Linear) for m in kinds))
+        model._marft_only_linear = cached  # type: ignore[assignment]
+    return cached[1]
+
+
+def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if _rows is not None and not self.disable_adapters and not self.merged and "adapter_names" not in kwargs:
+        return _mixed_batch_forward(self, x, *args, adapter_names=_rows, **kwargs)
+    return _original_forward(self, x, *args, **kwargs)
+
+
 def install() -> None:
     """Route PEFT's per-row adapter path for LoRA Linear layers through the batched version."""
     lora_layer.Linear._mixed_batch_forward = _mixed_batch_forward
+    lora_layer.Linear.forward = _forward

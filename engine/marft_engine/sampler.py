@@ -33,6 +33,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from . import lora_batch
 from .errors import EngineError, bad_request
 from .schemas import (
     Completion,
@@ -364,11 +365,13 @@ class Sampler:
 
     def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
         with torch.no_grad(), self.engine.autocast(base):
-            if base.peft is not None:
-                out = base.peft(**kw)
-            else:
-                kw.pop("adapter_names", None)
+            names = kw.pop("adapter_names")
+            assert isinstance(names, list)
+            if base.peft is None:
                 out = base.hf(**kw)
+            else:
+                with lora_batch.rows(base.hf, names) as direct:
+                    out = base.hf(**kw) if direct else base.peft(**kw, adapter_names=names)
         return out.logits[:, -1].float()  # [B, V]
 
     def _admit(self, base: Base) -> None:
