@@ -86,10 +86,10 @@ def _mixed_batch_forward(
     idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=x.device)  # [B]
     # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
     # block, then one matmul with all Bs side by side: no per-row copy of the weights.
-    xa = x.to(dtype) @ A.T  # [B, T, (n+1) r]
+    xa = torch.nn.functional.linear(x.to(dtype), A)  # [B, T, (n+1) r]
     keep = torch.nn.functional.one_hot(idx, n1).to(xa.dtype)  # [B, n+1]
     xa = (xa.view(*xa.shape[:2], n1, r) * keep[:, None, :, None]).view(xa.shape)  # [B, T, (n+1) r]
-    out = xa @ B.T  # [B, T, d_out]
+    out = torch.nn.functional.linear(xa, B)  # [B, T, d_out]
     return result + out.to(result.dtype)
 
 
