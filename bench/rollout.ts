@@ -135,10 +135,20 @@ export async function benchRollout(opts: { quick?: boolean; log?: (s: string) =>
         const m = await marftRollout(client, agents, { kind: graph }, problems, maxNewTokens, 1);
         log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; reference start`);
         const refs = REFERENCE_DTYPES.map((dtype) =>
-          referenceRollout(agents, graph, problems.map((p) => p.problem), maxNewTokens, modelDir, 1, dtype),
+          referenceRollout(
+            agents,
+            graph,
+            problems.map((p) => p.problem),
+            maxNewTokens,
+            modelDir,
+            1,
+            dtype,
+          ),
         );
         const ref = refs.reduce((a, b) => (b.seconds < a.seconds ? b : a));
-        log(`  reference ${refs.map((r, i) => `${REFERENCE_DTYPES[i]} ${r.seconds.toFixed(1)}s`).join(", ")}`);
+        log(
+          `  reference ${refs.map((r, i) => `${REFERENCE_DTYPES[i]} ${r.seconds.toFixed(1)}s`).join(", ")}`,
+        );
         cases.push({
           agents: n,
           graph,

@@ -99,14 +99,10 @@ describe("end-to-end learning on `secret` (tiny model, CPU)", () => {
 // (the expert) sees the secret. The team can only beat chance by routing to the expert and the expert
 // stating its secret (configs/tiny-orchestrated.yaml has the measured curve).
 describe("end-to-end learning on `orchestrated` (tiny model, CPU)", () => {
-  it(
-    "critic-free: the team reward rises beyond chance",
-    async () => {
-      const r = await learn("tiny-orchestrated.yaml", ["name=e2e-orchestrated"]);
-      console.log(`orchestrated: reward per iteration ${r.reward.map((x) => x.toFixed(2)).join(" ")}`);
-      expect(r.p).toBeLessThan(0.01);
-      expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.2);
-    },
-    300_000,
-  );
+  it("critic-free: the team reward rises beyond chance", async () => {
+    const r = await learn("tiny-orchestrated.yaml", ["name=e2e-orchestrated"]);
+    console.log(`orchestrated: reward per iteration ${r.reward.map((x) => x.toFixed(2)).join(" ")}`);
+    expect(r.p).toBeLessThan(0.01);
+    expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.2);
+  }, 300_000);
 });
