@@ -33,8 +33,8 @@ $(VENV_STAMP): engine/requirements.txt engine/pyproject.toml
 lint: setup
 	npx tsc --noEmit -p .
 	npx biome check src tests bench bin
-	$(VENV)/bin/ruff check engine
-	$(VENV)/bin/ruff format --check engine
+	$(VENV)/bin/ruff check engine bench
+	$(VENV)/bin/ruff format --check engine bench
 
 # The OpenAPI document is the single source of truth of the engine protocol;
 # the TS client's types are generated from it. check-openapi fails when they drift.

@@ -23,7 +23,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
-def observation(system: str, problem: str, parents: list[tuple[str, str]]) -> list[dict[str, str]]:
+def observation(
+    system: str, problem: str, parents: list[tuple[str, str]]
+) -> list[dict[str, str]]:
     # Same text as MARFT's TeamEpisode.observe: task, then "<role>: <action>" of each parent.
     user = problem
     if parents:
@@ -32,14 +34,17 @@ def observation(system: str, problem: str, parents: list[tuple[str, str]]) -> li
 
 
 def main() -> None:
-    spec = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
     torch.manual_seed(spec["seed"])
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
     tok.padding_side = "left"
     agents = spec["agents"]
     # The reference's layout: one full copy of the model per agent.
     models = [
-        AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, spec["dtype"])).eval()
+        AutoModelForCausalLM.from_pretrained(
+            spec["model_dir"], dtype=getattr(torch, spec["dtype"])
+        ).eval()
         for _ in agents
     ]
     problems: list[str] = spec["problems"]
@@ -49,11 +54,16 @@ def main() -> None:
     for agent, model in zip(agents, models, strict=True):
         chats = [
             observation(
-                agent["system_prompt"], p, actions[e] if spec["graph"] == "sequential" else []
+                agent["system_prompt"],
+                p,
+                actions[e] if spec["graph"] == "sequential" else [],
             )
             for e, p in enumerate(problems)
         ]
-        texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+        texts = [
+            tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+            for c in chats
+        ]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(
@@ -69,9 +79,13 @@ def main() -> None:
         for e in range(len(problems)):
             ids = resp[e].tolist()
             # Count tokens up to and including the first eos, as MARFT's engine does.
-            n = next((i + 1 for i, t in enumerate(ids) if t == tok.eos_token_id), len(ids))
+            n = next(
+                (i + 1 for i, t in enumerate(ids) if t == tok.eos_token_id), len(ids)
+            )
             tokens += n
-            actions[e].append((agent["role"], tok.decode(ids[:n], skip_special_tokens=True)))
+            actions[e].append(
+                (agent["role"], tok.decode(ids[:n], skip_special_tokens=True))
+            )
     seconds = time.perf_counter() - start
     print(
         json.dumps(
