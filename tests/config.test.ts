@@ -100,10 +100,12 @@ describe("run config validation", () => {
     agents[0]!["base"] = "big";
     agents[1]!["adapter"] = { shared: "c" };
     v["graph"] = { kind: "edges", edges: [["a", "z"]] };
+    v["algo"] = { ...(v["algo"] as object), normalize: ["a", "q"] };
     expect(issuesOf(v)).toEqual([
       'agents[0].base: unknown base "big" (bases: tiny)',
       'agents[1].adapter.shared: unknown agent "c"',
       'graph.edges[0][1]: unknown agent "z"',
+      'algo.normalize[1]: unknown agent "q"',
     ]);
   });
 

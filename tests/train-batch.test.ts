@@ -142,6 +142,22 @@ describe("advantages", () => {
     // the action's tokens share its advantage
     for (const s of steps) expect(new Set(s.advantages).size).toBe(1);
   });
+
+  it("normalisation of the listed agents only: the others keep their raw advantages", () => {
+    const eps = [0, 1, 2, 3].map((i) =>
+      episode(i, i, 0, [turn("a", 0, [1, 2], [3]), turn("b", 1, [1, 2], [5])]),
+    );
+    const steps = makeSteps(eps, roleOf, { kind: "last" });
+    steps.forEach((s, i) => {
+      s.advantages = [s.turn.agent === "a" ? 10 * i : i / 100];
+    });
+    const rawA = steps.filter((s) => s.turn.agent === "a").map((s) => s.advantages[0]!);
+    expect(normalizeSteps(steps, false, new Set(["b"]))).toEqual([]);
+    expect(steps.filter((s) => s.turn.agent === "a").map((s) => s.advantages[0]!)).toEqual(rawA);
+    const b = steps.filter((s) => s.turn.agent === "b").map((s) => s.advantages[0]!);
+    expect(b.reduce((x, y) => x + y, 0)).toBeCloseTo(0, 9);
+    expect(Math.sqrt(b.reduce((x, y) => x + y * y, 0) / b.length)).toBeCloseTo(1, 9);
+  });
 });
 
 describe("engine data", () => {

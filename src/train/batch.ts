@@ -178,9 +178,11 @@ export function computeAdvantages(
 
 /**
  * Per-agent normalisation over every advantage entry of the batch (per token for MARFT-T, per action
- * otherwise). Returns the agents whose advantages were degenerate (left at zero).
+ * otherwise), for the agents in `only` (all when absent); the others keep their raw advantages.
+ * Returns the agents whose advantages were degenerate (left at zero).
  */
-export function normalizeSteps(steps: Step[], perToken: boolean): string[] {
+export function normalizeSteps(allSteps: Step[], perToken: boolean, only?: ReadonlySet<string>): string[] {
+  const steps = only ? allSteps.filter((s) => only.has(s.turn.agent)) : allSteps;
   const values: number[] = [];
   const agents: string[] = [];
   for (const s of steps) {

@@ -270,9 +270,13 @@ const Algo = z
     lambda: unit().default(0.95).describe("GAE lambda"),
     rewardRouting: RewardRouting.prefault({ kind: "last" }),
     normalize: z
-      .boolean({ error: "expected true or false" })
+      .union([z.boolean(), z.array(z.string().min(1))], {
+        error: "expected true, false or a list of agent ids",
+      })
       .default(true)
-      .describe("normalise advantages per agent per batch"),
+      .describe(
+        "normalise advantages per agent per batch: every agent (true), none (false), or the listed agents only",
+      ),
     groupStd: z
       .boolean({ error: "expected true or false" })
       .default(false)
@@ -458,6 +462,17 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
             input: id,
           });
       });
+    });
+  }
+  if (Array.isArray(c.algo.normalize)) {
+    c.algo.normalize.forEach((id, k) => {
+      if (!ids.has(id))
+        ctx.addIssue({
+          code: "custom",
+          path: ["algo", "normalize", k],
+          message: `unknown agent "${id}"`,
+          input: id,
+        });
     });
   }
   if (c.algo.estimator !== "critic-free") {
