@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import torch
 from helpers import add_policy
 
 from marft_engine import losses
-from marft_engine.engine import Engine
+from marft_engine.engine import Base, Engine
 from marft_engine.errors import EngineError
 from marft_engine.models import load_tiny
+from marft_engine.sampler import SLACK, SlackLayer
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
@@ -331,6 +333,35 @@ def test_calls_are_let_in_between_decode_steps(engine: Engine) -> None:
     assert len(fut.result().results[0].completions[0].response_ids) == 600
 
 
+def test_engine_calls_run_on_the_compute_thread(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every public call runs on the decode loop's thread (one OpenMP pool on a CPU); its errors reach
+    the caller as if it had run the call itself."""
+    seen: list[threading.Thread] = []
+    info = Base.info
+
+    def probe(self: Base) -> object:
+        seen.append(threading.current_thread())
+        return info(self)
+
+    monkeypatch.setattr(Base, "info", probe)
+    engine.list_bases()
+    assert seen == [engine.sampler.thread] and seen[0] is not threading.current_thread()
+    with pytest.raises(EngineError, match="unknown adapter"):
+        engine.delete_adapter("nope")
+
+
+def test_slack_cache_layer_appends_like_concatenation() -> None:
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 5, 4, generator=g)
+    layer = SlackLayer(k, v)
+    for _ in range(SLACK + 3):  # crosses the spare room once
+        nk, nv = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+        k, v = torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)
+        got_k, got_v = layer.update(nk, nv)
+        assert torch.equal(got_k, k) and torch.equal(got_v, v)
+    assert layer.get_seq_length() == 5 + SLACK + 3
+
+
 def test_deleting_an_adapter_mid_decode_fails_its_call(engine: Engine) -> None:
     add_policy(engine, "doomed", seed=12)
     long = SamplingParams(max_new_tokens=600, ignore_eos=True)
@@ -454,7 +485,14 @@ def test_bf16_on_cpu_samples_and_trains() -> None:
     try:
         info = eng.create_base(BaseCreate(name="h", source="tiny:llama", seed=0, dtype="bfloat16"))
         assert info.dtype == "bfloat16"
-        assert next(eng.bases["h"].hf.parameters()).dtype == torch.float32  # on CPU: autocast only
+        hf = eng.bases["h"].hf
+        # on CPU: embeddings and norms fp32 (an fp32 residual stream), linear weights bf16, decode
+        # attention in the cache's dtype
+        assert hf.get_input_embeddings().weight.dtype == torch.float32
+        assert hf.model.norm.weight.dtype == torch.float32
+        assert hf.get_output_embeddings().weight.dtype == torch.bfloat16
+        assert hf.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+        assert hf.config._attn_implementation == "marft_sdpa"
         add_policy(eng, "p", base="h", seed=3)
         assert all(p.dtype == torch.float32 for p in eng.adapters["p"].params)
         reqs = [
