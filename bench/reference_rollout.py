@@ -50,6 +50,18 @@ def main() -> None:
     problems: list[str] = spec["problems"]
     actions: list[list[tuple[str, str]]] = [[] for _ in problems]
     tokens = 0
+    # Warm-up, as MARFT's side does, not timed: one short generate per model on the first problem.
+    for agent, model in zip(agents, models, strict=True):
+        text = tok.apply_chat_template(
+            observation(agent["system_prompt"], problems[0], []),
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        with torch.no_grad():
+            model.generate(
+                **tok([text], return_tensors="pt", add_special_tokens=False),
+                max_new_tokens=4,
+            )
     start = time.perf_counter()
     for agent, model in zip(agents, models, strict=True):
         chats = [
