@@ -344,8 +344,8 @@ export class Trainer {
       row[`adv/${a.id}/zero_frac`] = xs.filter((x) => Math.abs(x) <= this.detector.eps).length / xs.length;
       row[`adv/${a.id}/zero_batches`] = this.detector.zeroBatches[a.id] ?? 0;
     }
-    if (c.algo.normalize === true) normalizeSteps(steps, perToken);
-    else if (Array.isArray(c.algo.normalize)) normalizeSteps(steps, perToken, new Set(c.algo.normalize));
+    const norm = c.algo.normalize;
+    if (norm !== false) normalizeSteps(steps, perToken, norm === true ? undefined : new Set(norm));
 
     // ---- policy updates
     const updating = updatingAdapters(c, it);
