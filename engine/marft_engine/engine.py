@@ -91,9 +91,8 @@ class Base:
     hf: PreTrainedModel  # the HF model; PEFT injects its LoRA layers into it in place
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
-    dtype: (
-        torch.dtype
-    )  # compute dtype (bf16: autocast; on CPU embeddings and norms stay fp32, see create_base)
+    # compute dtype (bf16: autocast; on CPU embeddings and norms stay fp32, see create_base)
+    dtype: torch.dtype
     context_length: int
     eos_ids: list[int]
     pad_id: int
@@ -102,6 +101,8 @@ class Base:
     seed: int
     # logits are exactly lm_head(final hidden state): the head may run on chosen positions only
     plain_head: bool
+    # dtype of the sampler's KV cache; None: as the model computes it (see create_base)
+    cache_dtype: torch.dtype | None = None
     peft: peft.PeftModel | None = None  # created with the first adapter, then holds all of them
 
     def info(self) -> BaseInfo:
@@ -240,11 +241,13 @@ class Engine:
         # sampler.use_decode_attention). LoRA weights and optimizer state are fp32 everywhere.
         store = dtype if self.device.type == "cuda" else torch.float32
         model = model.to(device=self.device, dtype=store).eval().requires_grad_(False)
+        cache_dtype = None
         if self.device.type == "cpu" and dtype == torch.bfloat16:
             from .sampler import use_decode_attention
 
             _bf16_linear_weights(model)
             use_decode_attention(model)
+            cache_dtype = torch.float32
         eos = tokenizer.eos_token_id
         eos_ids = sorted({int(eos)} if eos is not None else set())
         cfg_eos = model.config.eos_token_id
@@ -265,6 +268,7 @@ class Engine:
             num_parameters=sum(p.numel() for p in model.parameters()),
             seed=body.seed,
             plain_head=model.config.model_type in PLAIN_HEAD_MODELS,
+            cache_dtype=cache_dtype,
         )
         if body.name in self.bases:
             raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")

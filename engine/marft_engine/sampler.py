@@ -8,8 +8,8 @@ position ids, adapter (PEFT `adapter_names`, "__base__" = bare base), sampling p
 generator, so a row's tokens do not depend on which other rows share its batch. Finished rows leave
 the batch at once, and cache columns that only padding still uses are dropped.
 
-On a CPU, a bf16 base decodes under bf16 autocast with its KV cache and attention in fp32
-(`use_decode_attention`): CPU attention kernels are several times slower in bf16 for a one-token
+On a CPU, a bf16 base decodes under bf16 autocast with its KV cache (`Base.cache_dtype`) and
+attention in fp32 (`use_decode_attention`): CPU attention kernels are several times slower in bf16 for a one-token
 query, while the weight matmuls, which dominate, are faster. The decode cache grows into spare room
 (`SlackLayer`) instead of being re-concatenated at every step.
 """
@@ -105,15 +105,16 @@ class SlackLayer(DynamicLayer):
     whole layer's cache at every decode step (a fifth of a CPU decode step at a few hundred tokens).
     `keys` / `values` are views [B, H, L, D] of buffers [B, H, L + room, D]."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
+        self.dtype = dtype or keys.dtype  # the copy below casts
         self._place(keys, values)
 
     def _place(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         B, H, L, D = keys.shape
-        self._kbuf = keys.new_empty((B, H, L + SLACK, D))
-        self._vbuf = values.new_empty((B, H, L + SLACK, values.shape[-1]))
+        self._kbuf = keys.new_empty((B, H, L + SLACK, D), dtype=self.dtype)
+        self._vbuf = values.new_empty((B, H, L + SLACK, values.shape[-1]), dtype=self.dtype)
         self._kbuf[:, :, :L] = keys
         self._vbuf[:, :, :L] = values
         self.keys, self.values = self._kbuf[:, :, :L], self._vbuf[:, :, :L]
@@ -131,10 +132,10 @@ class SlackLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def _cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    """A decode cache over per-layer (keys, values) [B, H, L, D]."""
+def _cache(kv: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype | None = None) -> DynamicCache:
+    """A decode cache over per-layer (keys, values) [B, H, L, D], in `dtype` (default: theirs)."""
     cache = DynamicCache()
-    cache.layers = [SlackLayer(k, v) for k, v in kv]
+    cache.layers = [SlackLayer(k, v, dtype) for k, v in kv]
     cache.layer_class_to_replicate = None
     return cache
 
@@ -435,9 +436,7 @@ class Sampler:
         kv = _kv(cache)
         if len(uniq) != len(new):  # n > 1: copy each prompt's cache rows for its samples
             kv = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
-        if dev.type == "cpu" and base.dtype == torch.bfloat16:  # a bf16 prefill's cache, decoded in fp32
-            kv = [(k.float(), v.float()) for k, v in kv]
-        cache = _cache(kv)
+        cache = _cache(kv, base.cache_dtype)  # a CPU bf16 base decodes from an fp32 cache
         mask = mask.to(dev).index_select(0, sel)
         logits = logits.index_select(0, sel)
         npos = torch.tensor([len(r.prompt) for r in new], device=dev)
