@@ -421,6 +421,20 @@ describe("normalizePerAgent", () => {
     );
     expect(() => normalizePerAgent([Number.NaN], ["a"])).toThrow(/adv\[0\] \(agent "a"\)/);
   });
+
+  it("scale = false centres each agent without dividing by its std", () => {
+    // a critic that overshoots on a perfect batch: every raw advantage about -0.2
+    const out = normalizePerAgent([-0.21, -0.19, -0.2, 3, 5], ["a", "a", "a", "b", "b"], undefined, false);
+    expect(out.zeroAgents).toEqual([]);
+    out.advantages.forEach((x, i) => {
+      expect(x).toBeCloseTo([-0.01, 0.01, 0, -1, 1][i]!, 12);
+    });
+    // degenerate agents still stay exactly zero
+    expect(normalizePerAgent([0.3, 0.3], ["a", "a"], undefined, false)).toEqual({
+      advantages: [0, 0],
+      zeroAgents: ["a"],
+    });
+  });
 });
 
 describe("ZeroAdvantageDetector", () => {

@@ -1,16 +1,16 @@
 // End-to-end learning: on the synthetic `secret` task (the speaker sees a secret letter, the listener
 // sees only the speaker's action and must state the letter), a tiny random-init model's team reward
-// rises by a margin chance cannot explain. Fixed seed, CPU. Both curves are left in
-// runs/e2e-marft-a/metrics.jsonl and runs/e2e-critic-free/metrics.jsonl.
+// rises by a margin chance cannot explain, and far enough that the listener must be decoding the
+// speaker. Fixed seed, CPU. Both curves are left in runs/e2e-marft-a/metrics.jsonl and
+// runs/e2e-critic-free/metrics.jsonl.
 //
-// The speaker also earns the task's shaping reward (its own first character states the secret),
-// routed per role (configs/tiny-secret.yaml explains why). Measured with the fixed seed: critic-free
-// learns to communicate (the speaker says the secret, then the listener decodes it: team reward
-// ~0.28 -> 1.0, above what any team that ignores the speaker can earn, about the batch's share of one
-// letter); with MARFT-A the speaker learns the secret but the listener does not decode it within 60
-// iterations: the team reward still rises (~0.26 -> ~0.5) by answering with a printable character of
-// one class, so its bar is the weaker "beyond the untrained team" one. Decoding within 60 iterations
-// is seed-dependent: with seeds 1-3 critic-free does not decode either (README, measured results).
+// Chance: the untrained team is right ~1/4 of the time (its first three iterations); a listener that
+// ignores the speaker can be right at most 1/2 (one letter class). So a last-three-iterations mean
+// above 0.9 means the team communicates.
+// MARFT-A runs configs/tiny-secret.yaml as it is (a speaker-first curriculum; the file explains each
+// setting and gives the measured seeds 0-7: 7 of 8 decode). Critic-free learns with the joint schedule
+// and a one-character speaker instead; with the curriculum it does not decode (README, measured
+// results).
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -76,21 +76,29 @@ describe("binomial tail", () => {
 });
 
 describe("end-to-end learning on `secret` (tiny model, CPU)", () => {
+  const settings = {
+    "marft-a": [],
+    "critic-free": [
+      "train.schedule=joint",
+      "agents[0].sampling.maxNewTokens=1",
+      "task.options.speakerChars=1",
+    ],
+  } as const;
   it.each(["marft-a", "critic-free"] as const)(
-    "%s: the team reward rises beyond chance",
+    "%s: the team learns to communicate",
     async (estimator) => {
-      const r = await learn("tiny-secret.yaml", [`name=e2e-${estimator}`, `algo.estimator=${estimator}`]);
+      const r = await learn("tiny-secret.yaml", [
+        `name=e2e-${estimator}`,
+        `algo.estimator=${estimator}`,
+        ...settings[estimator],
+      ]);
       console.log(`${estimator}: reward per iteration ${r.reward.map((x) => x.toFixed(2)).join(" ")}`);
       expect(r.p).toBeLessThan(0.01);
       // the speaker learned to state the secret it sees
       expect(r.speakerLast).toBeGreaterThan(0.9);
-      if (estimator === "critic-free") {
-        // communication: no team that ignores the speaker gets near this
-        expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.5);
-        expect(r.lastMean).toBeGreaterThan(0.9);
-      } else {
-        expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.15);
-      }
+      // communication: no team whose listener ignores the speaker gets near this
+      expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.5);
+      expect(r.lastMean).toBeGreaterThan(0.9);
     },
     300_000,
   );

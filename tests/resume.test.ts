@@ -20,6 +20,9 @@ const SETS = [
   "eval.n=4",
   "--set",
   "train.evalEvery=2",
+  // both agents update every iteration (the config's curriculum trains the speaker alone for 30)
+  "--set",
+  "train.schedule=joint",
 ];
 
 function marft(args: string[]): ChildProcess {

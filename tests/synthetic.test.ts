@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { checkEnv } from "../src/flexmg/check.ts";
 import type { AgentSpec, Env, GraphSpec } from "../src/flexmg/types.ts";
 import {
+  matchFraction,
   matches,
   OrchestratedEnv,
   orchestratedSuite,
@@ -94,6 +95,15 @@ describe("synthetic tasks", () => {
     expect(() => secretSuite({ letters: "ae" })).toThrow("differ modulo 2");
   });
 
+  it("matchFraction: the share of upTo slots filled with the expected letter", () => {
+    expect(matchFraction("aaaa", "a", "ab", "exact", 4)).toBe(1);
+    expect(matchFraction("aaaaaaaa", "a", "ab", "exact", 4)).toBe(1); // only the first upTo count
+    expect(matchFraction("axay", "a", "ab", "exact", 4)).toBe(0.5);
+    expect(matchFraction("ac", "a", "ab", "class", 4)).toBe(0.5); // c is in a's class, unsaid slots are wrong
+    expect(matchFraction(" \uFFFDb", "b", "ab", "class", 2)).toBe(0.5);
+    expect(matchFraction("", "a", "ab", "class", 3)).toBe(0);
+  });
+
   it("secret: only the speaker sees the secret; the listener sees the speaker; team reward to all", async () => {
     const env = new SecretEnv(duo, { kind: "sequential" }, { match: "exact" });
     await env.reset({ id: "t", secret: "b" }, 0);
@@ -117,6 +127,15 @@ describe("synthetic tasks", () => {
     await rep.act("A", "d");
     await rep.act("B", "x");
     expect(rep.info()).toMatchObject({ correct: false, roleRewards: { speaker: 1 } });
+    // speakerChars: the share of the speaker's first N characters that state the secret.
+    const many = new SecretEnv(duo, { kind: "sequential" }, { match: "exact", speakerChars: 4 });
+    await many.reset({ id: "t", secret: "b" }, 0);
+    await many.act("A", "bbxbzz");
+    await many.act("B", "b");
+    expect(many.info()).toMatchObject({ correct: true, roleRewards: { speaker: 0.75 } });
+    expect(() => new SecretEnv(duo, { kind: "sequential" }, { speakerChars: 0 })).toThrow(
+      "secret.speakerChars: expected a positive integer, got 0",
+    );
   });
 
   it("secret with attempts: wrong answers add history and retry, then terminate", async () => {

@@ -157,6 +157,17 @@ describe("advantages", () => {
     const b = steps.filter((s) => s.turn.agent === "b").map((s) => s.advantages[0]!);
     expect(b.reduce((x, y) => x + y, 0)).toBeCloseTo(0, 9);
     expect(Math.sqrt(b.reduce((x, y) => x + y * y, 0) / b.length)).toBeCloseTo(1, 9);
+    // centre only: the listed agent's deviations from its mean, at their own scale
+    steps.forEach((s, i) => {
+      s.advantages = [s.turn.agent === "a" ? 10 * i : i / 100];
+    });
+    normalizeSteps(steps, false, new Set(["b"]), false);
+    const centred = steps.filter((s) => s.turn.agent === "b").map((s) => s.advantages[0]!);
+    const raw = steps.filter((s) => s.turn.agent === "b").map((_, j) => (2 * j + 1) / 100);
+    const rawMean = raw.reduce((x, y) => x + y, 0) / raw.length;
+    centred.forEach((x, j) => {
+      expect(x).toBeCloseTo(raw[j]! - rawMean, 12);
+    });
   });
 });
 

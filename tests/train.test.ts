@@ -21,6 +21,9 @@ function tinyConfig(sets: string[] = []): RunConfig {
     "train.samplesPerTask=2",
     "train.checkpointEvery=1",
     "eval.n=4",
+    // the mechanics under test, not the config's speaker-first curriculum
+    "train.schedule=joint",
+    "train.roundRobinEvery=1",
     ...sets,
   ]);
 }

@@ -13,6 +13,7 @@ export const DEFAULT_ZERO_EPS = 1e-6;
  *
  *   adv    [B]  one advantage per turn (or per token)
  *   agents [B]  the agent of each entry
+ *   scale       divide by the std after centring (false: centre only)
  *   → advantages [B]: (a − mean_agent) / std_agent (population std), or 0 for degenerate agents
  *     zeroAgents: the agents whose advantages were degenerate (std ≤ eps), in first-seen order
  *
@@ -23,6 +24,7 @@ export function normalizePerAgent(
   adv: readonly number[],
   agents: readonly string[],
   eps: number = DEFAULT_ZERO_EPS,
+  scale = true,
 ): { advantages: number[]; zeroAgents: string[] } {
   if (adv.length !== agents.length) {
     throw new Error(
@@ -52,14 +54,14 @@ export function normalizePerAgent(
     // x/n summed rather than Σx/n: the sum of large values could overflow.
     const mean = idx.reduce((s, i) => s + adv[i]! / n, 0);
     const dev = idx.map((i) => adv[i]! - mean);
-    const scale = dev.reduce((m, d) => Math.max(m, Math.abs(d)), 0);
-    const std = scale === 0 ? 0 : scale * Math.sqrt(dev.reduce((s, d) => s + (d / scale) ** 2, 0) / n);
+    const big = dev.reduce((m, d) => Math.max(m, Math.abs(d)), 0);
+    const std = big === 0 ? 0 : big * Math.sqrt(dev.reduce((s, d) => s + (d / big) ** 2, 0) / n);
     if (!(std > eps)) {
       zeroAgents.push(agent);
       continue; // left at 0
     }
     idx.forEach((i, j) => {
-      advantages[i] = dev[j]! / std;
+      advantages[i] = scale ? dev[j]! / std : dev[j]!;
     });
   }
   return { advantages, zeroAgents };

@@ -181,7 +181,12 @@ export function computeAdvantages(
  * otherwise), for the agents in `only` (all when absent); the others keep their raw advantages.
  * Returns the agents whose advantages were degenerate (left at zero).
  */
-export function normalizeSteps(allSteps: Step[], perToken: boolean, only?: ReadonlySet<string>): string[] {
+export function normalizeSteps(
+  allSteps: Step[],
+  perToken: boolean,
+  only?: ReadonlySet<string>,
+  scale = true,
+): string[] {
   const steps = only ? allSteps.filter((s) => only.has(s.turn.agent)) : allSteps;
   const values: number[] = [];
   const agents: string[] = [];
@@ -196,7 +201,7 @@ export function normalizeSteps(allSteps: Step[], perToken: boolean, only?: Reado
       agents.push(s.turn.agent);
     }
   }
-  const { advantages, zeroAgents } = normalizePerAgent(values, agents);
+  const { advantages, zeroAgents } = normalizePerAgent(values, agents, undefined, scale);
   let i = 0;
   for (const s of steps) {
     if (perToken) {

@@ -277,6 +277,12 @@ const Algo = z
       .describe(
         "normalise advantages per agent per batch: every agent (true), none (false), or the listed agents only",
       ),
+    normalizeStd: z
+      .boolean({ error: "expected true or false" })
+      .default(true)
+      .describe(
+        "normalize: divide by the agent's std after centring (false: centre only, which removes a critic's bias without blowing up near-constant advantages)",
+      ),
     groupStd: z
       .boolean({ error: "expected true or false" })
       .default(false)

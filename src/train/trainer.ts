@@ -345,7 +345,9 @@ export class Trainer {
       row[`adv/${a.id}/zero_batches`] = this.detector.zeroBatches[a.id] ?? 0;
     }
     const norm = c.algo.normalize;
-    if (norm !== false) normalizeSteps(steps, perToken, norm === true ? undefined : new Set(norm));
+    if (norm !== false) {
+      normalizeSteps(steps, perToken, norm === true ? undefined : new Set(norm), c.algo.normalizeStd);
+    }
 
     // ---- policy updates
     const updating = updatingAdapters(c, it);

@@ -63,6 +63,23 @@ export function matches(answer: string, expected: string, letters: string, mode:
   return first.charCodeAt(0) % letters.length === expected.charCodeAt(0) % letters.length;
 }
 
+/**
+ * The share of `upTo` character slots that `answer`'s first `upTo` characters fill with `expected`
+ * (under the matching mode): characters not said count as wrong, so "aa" earns 0.5 for upTo 4. A
+ * shaping reward for agents that say several characters: one that repeats the secret is paid more
+ * than one that says it once.
+ */
+export function matchFraction(
+  answer: string,
+  expected: string,
+  letters: string,
+  mode: MatchMode,
+  upTo: number,
+): number {
+  const chars = [...answer.trim()].slice(0, upTo);
+  return chars.filter((c) => matches(c, expected, letters, mode)).length / upTo;
+}
+
 /** Index of the class of `answer`'s first character among `n` classes (char code mod n), or -1 if empty. */
 export function classOf(answer: string, n: number): number {
   const first = firstChar(answer);

@@ -1,5 +1,5 @@
 // Synthetic cooperative tasks for tests and the end-to-end learning check (see common.ts for rewards).
-export { classOf, type MatchMode, matches, type SyntheticOptions } from "./common.ts";
+export { classOf, type MatchMode, matchFraction, matches, type SyntheticOptions } from "./common.ts";
 export {
   type OrchestratedOptions,
   OrchestratedEnv,

@@ -6,10 +6,12 @@
 // Team reward: 1 when the listener's first character states the secret (see common.ts for "class"
 // matching), else 0. With `attempts` > 1 a wrong answer appends "attempt N: wrong" to the shared
 // history and the team tries again; the episode terminates when right or after the last attempt.
-// Per-role rewards (info().roleRewards): the speaker's role gets 1 when the speaker's own first
-// character states the secret (same matching), else 0: a shaping reward that breaks the symmetry of
-// learning to communicate from scratch (with the team reward alone, neither agent's gradient carries
-// signal until the other one already uses the channel). Route it with per-role reward routing.
+// Per-role rewards (info().roleRewards): the speaker's role gets the share of its first
+// `speakerChars` characters (default 1) that state the secret (same matching): a shaping reward
+// that breaks the symmetry of learning to communicate from scratch (with the team reward alone,
+// neither agent's gradient carries signal until the other one already uses the channel). Route it
+// with per-role reward routing. A speaker that says many characters also puts the secret many times
+// into the listener's prompt (configs/tiny-secret.yaml).
 //
 // Measured from random init (tiny:llama, 4 letters, class matching, group-relative policy gradient,
 // 128 episodes per iteration, LoRA r 8 on q_proj/v_proj/lm_head, lr 1e-2): with the team reward
@@ -21,6 +23,7 @@ import {
   generateTasks,
   type MatchMode,
   matches,
+  matchFraction,
   pick,
   resolveLetters,
   SyntheticEnv,
@@ -41,6 +44,8 @@ export interface SecretOptions extends SyntheticOptions {
    * secret that fills a good part of the context moves that mean, which makes the task learnable fast.
    */
   repeat?: number;
+  /** The speaker's shaping reward counts this many of its characters (default 1: the first only). */
+  speakerChars?: number;
 }
 
 export function secretTasks(opts: SecretOptions = {}): { train: SecretTask[]; eval: SecretTask[] } {
@@ -53,6 +58,7 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
   private readonly match: MatchMode;
   private readonly attempts: number;
   private readonly repeat: number;
+  private readonly speakerChars: number;
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: SecretOptions = {}) {
     super(agents, graph, 2, "secret");
@@ -60,8 +66,12 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
     this.match = opts.match ?? "class";
     this.attempts = opts.attempts ?? 1;
     this.repeat = opts.repeat ?? 1;
+    this.speakerChars = opts.speakerChars ?? 1;
     if (!Number.isInteger(this.repeat) || this.repeat < 1) {
       throw new Error(`secret.repeat: expected a positive integer, got ${opts.repeat}`);
+    }
+    if (!Number.isInteger(this.speakerChars) || this.speakerChars < 1) {
+      throw new Error(`secret.speakerChars: expected a positive integer, got ${opts.speakerChars}`);
     }
     if (!Number.isInteger(this.attempts) || this.attempts < 1) {
       throw new Error(`secret.attempts: expected a positive integer, got ${opts.attempts}`);
@@ -90,11 +100,17 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
     const attempt = this.team.step + 1;
     if (right || attempt >= this.attempts) {
       const said = this.team.actionOf(this.speaker) ?? "";
-      const speakerRight = matches(said, this.task!.secret, this.letters, this.match);
+      const speakerScore = matchFraction(
+        said,
+        this.task!.secret,
+        this.letters,
+        this.match,
+        this.speakerChars,
+      );
       this.end(
         right ? 1 : 0,
         { secret: this.task!.secret, answer, attempts: attempt },
-        { [this.team.role(this.speaker)]: speakerRight ? 1 : 0 },
+        { [this.team.role(this.speaker)]: speakerScore },
       );
       return;
     }
