@@ -35,7 +35,8 @@ export interface RolloutBenchCase {
   referenceSeconds: number; // the faster of referenceSecondsByDtype
   referenceSecondsByDtype: Record<(typeof REFERENCE_DTYPES)[number], number>;
   marftTokens: number;
-  referenceTokens: number;
+  referenceTokens: number; // of the faster reference run
+  referenceTokensByDtype: Record<(typeof REFERENCE_DTYPES)[number], number>;
   speedup: number;
 }
 
@@ -109,14 +110,21 @@ function referenceRollout(
   return { seconds: r.seconds, tokens: r.response_tokens };
 }
 
-export async function benchRollout(opts: { quick?: boolean; log?: (s: string) => void } = {}): Promise<{
+/**
+ * Episodes per rollout: by default what RL training batches (the demo samples 64 episodes per
+ * iteration; --quick: 32). With few episodes both sides wait on the slowest episode's chain of agents
+ * and the comparison measures little more than one decode step against another (README: 8 episodes).
+ */
+export async function benchRollout(
+  opts: { quick?: boolean; episodes?: number; log?: (s: string) => void } = {},
+): Promise<{
   settings: { episodes: number; maxNewTokens: number; temperature: number; topK: number };
   cases: RolloutBenchCase[];
   rollout_speedup_2_agents: number;
   rollout_speedup_4_agents: number;
 }> {
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
-  const episodes = opts.quick ? 8 : 16;
+  const episodes = opts.episodes ?? (opts.quick ? 32 : 64);
   const maxNewTokens = opts.quick ? 128 : 256;
   const problems = loadMathProblems(join(datasetsDir(), "gsm8k/train.jsonl")).slice(0, episodes);
   const engine = await startLocalEngine({ logFile: join(tmpdir(), "marft-bench-engine.log"), device: "cpu" });
@@ -149,7 +157,7 @@ export async function benchRollout(opts: { quick?: boolean; log?: (s: string) =>
         );
         const ref = refs.reduce((a, b) => (b.seconds < a.seconds ? b : a));
         log(
-          `  reference ${refs.map((r, i) => `${REFERENCE_DTYPES[i]} ${r.seconds.toFixed(1)}s`).join(", ")}`,
+          `  reference ${refs.map((r, i) => `${REFERENCE_DTYPES[i]} ${r.seconds.toFixed(1)}s ${r.tokens} tokens`).join(", ")}`,
         );
         cases.push({
           agents: n,
@@ -157,6 +165,7 @@ export async function benchRollout(opts: { quick?: boolean; log?: (s: string) =>
           marftSeconds: m.seconds,
           referenceSeconds: ref.seconds,
           referenceSecondsByDtype: { float32: refs[0]!.seconds, bfloat16: refs[1]!.seconds },
+          referenceTokensByDtype: { float32: refs[0]!.tokens, bfloat16: refs[1]!.tokens },
           marftTokens: m.tokens,
           referenceTokens: ref.tokens,
           speedup: ref.seconds / m.seconds,
@@ -176,7 +185,11 @@ export async function benchRollout(opts: { quick?: boolean; log?: (s: string) =>
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const r = await benchRollout({ quick: process.argv.includes("--quick") });
+  const ep = process.argv.find((a) => a.startsWith("--episodes="));
+  const r = await benchRollout({
+    quick: process.argv.includes("--quick"),
+    ...(ep ? { episodes: Number(ep.slice("--episodes=".length)) } : {}),
+  });
   console.table(r.cases);
   console.log(
     JSON.stringify({

@@ -37,6 +37,10 @@ describe("config errors", () => {
     expect(marft(["eval", CONFIG, "--n", "x"]).stderr).toContain(
       '--n: expected a non-negative integer, got "x"',
     );
+    // checked before any benchmark starts
+    const bench = marft(["bench", "--episodes=0"]);
+    expect(bench.status).not.toBe(0);
+    expect(bench.stderr).toContain('--episodes: expected a positive integer, got "0"');
   });
 });
 

@@ -39,6 +39,11 @@ export async function benchCommand(args: string[]): Promise<void> {
     ?.slice("--only=".length)
     .split(",");
   const want = (part: string) => only === undefined || only.includes(part);
+  const episodesArg = args.find((a) => a.startsWith("--episodes="))?.slice("--episodes=".length);
+  const episodes = episodesArg === undefined ? undefined : Number(episodesArg);
+  if (episodes !== undefined && !(Number.isInteger(episodes) && episodes > 0)) {
+    throw new Error(`--episodes: expected a positive integer, got "${episodesArg}"`);
+  }
   const out = join(REPO, "bench/results.json");
   const results: Record<string, unknown> = { machine: machine(), date: new Date().toISOString(), quick };
   const t0 = Date.now();
@@ -62,7 +67,7 @@ export async function benchCommand(args: string[]): Promise<void> {
   if (want("rollout")) {
     process.stderr.write("bench: rollout (MARFT vs the reference scheme)...\n");
     const { benchRollout } = await import("../../bench/rollout.ts");
-    results["rollout"] = await benchRollout({ quick });
+    results["rollout"] = await benchRollout({ quick, ...(episodes ? { episodes } : {}) });
   }
 
   // The headline keys, flat, as the README and the issues name them.
