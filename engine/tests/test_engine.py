@@ -324,7 +324,7 @@ def test_calls_are_let_in_between_decode_steps(engine: Engine) -> None:
     assert not fut.done(), "forward waited for the whole sampling call"
     # a call that arrives mid-decode joins the running batch (continuous batching)
     engine.sampler.peak_batch = 0
-    short = SamplingParams(max_new_tokens=5, n=3)
+    short = SamplingParams(max_new_tokens=5, n=3, ignore_eos=True)  # lengths are asserted: no early eos
     late = engine.sample(
         SampleBatch(requests=[SampleRequest(adapter="B", prompt_ids=[9] * 30, sampling=short)])
     )
