@@ -424,13 +424,13 @@ describe("normalizePerAgent", () => {
 
   it("scale = false centres each agent without dividing by its std", () => {
     // a critic that overshoots on a perfect batch: every raw advantage about -0.2
-    const out = normalizePerAgent([-0.21, -0.19, -0.2, 3, 5], ["a", "a", "a", "b", "b"], undefined, false);
+    const out = normalizePerAgent([-0.21, -0.19, -0.2, 3, 5], ["a", "a", "a", "b", "b"], { scale: false });
     expect(out.zeroAgents).toEqual([]);
     out.advantages.forEach((x, i) => {
       expect(x).toBeCloseTo([-0.01, 0.01, 0, -1, 1][i]!, 12);
     });
     // degenerate agents still stay exactly zero
-    expect(normalizePerAgent([0.3, 0.3], ["a", "a"], undefined, false)).toEqual({
+    expect(normalizePerAgent([0.3, 0.3], ["a", "a"], { scale: false })).toEqual({
       advantages: [0, 0],
       zeroAgents: ["a"],
     });

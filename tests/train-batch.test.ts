@@ -152,7 +152,7 @@ describe("advantages", () => {
       s.advantages = [s.turn.agent === "a" ? 10 * i : i / 100];
     });
     const rawA = steps.filter((s) => s.turn.agent === "a").map((s) => s.advantages[0]!);
-    expect(normalizeSteps(steps, false, new Set(["b"]))).toEqual([]);
+    expect(normalizeSteps(steps, false, { only: new Set(["b"]) })).toEqual([]);
     expect(steps.filter((s) => s.turn.agent === "a").map((s) => s.advantages[0]!)).toEqual(rawA);
     const b = steps.filter((s) => s.turn.agent === "b").map((s) => s.advantages[0]!);
     expect(b.reduce((x, y) => x + y, 0)).toBeCloseTo(0, 9);
@@ -161,7 +161,7 @@ describe("advantages", () => {
     steps.forEach((s, i) => {
       s.advantages = [s.turn.agent === "a" ? 10 * i : i / 100];
     });
-    normalizeSteps(steps, false, new Set(["b"]), false);
+    normalizeSteps(steps, false, { only: new Set(["b"]), scale: false });
     const centred = steps.filter((s) => s.turn.agent === "b").map((s) => s.advantages[0]!);
     const raw = steps.filter((s) => s.turn.agent === "b").map((_, j) => (2 * j + 1) / 100);
     const rawMean = raw.reduce((x, y) => x + y, 0) / raw.length;

@@ -13,7 +13,8 @@ export const DEFAULT_ZERO_EPS = 1e-6;
  *
  *   adv    [B]  one advantage per turn (or per token)
  *   agents [B]  the agent of each entry
- *   scale       divide by the std after centring (false: centre only)
+ *   opts.eps    std at or below which an agent counts as degenerate (default DEFAULT_ZERO_EPS)
+ *   opts.scale  divide by the std after centring (default true; false: centre only)
  *   → advantages [B]: (a − mean_agent) / std_agent (population std), or 0 for degenerate agents
  *     zeroAgents: the agents whose advantages were degenerate (std ≤ eps), in first-seen order
  *
@@ -23,9 +24,9 @@ export const DEFAULT_ZERO_EPS = 1e-6;
 export function normalizePerAgent(
   adv: readonly number[],
   agents: readonly string[],
-  eps: number = DEFAULT_ZERO_EPS,
-  scale = true,
+  opts: { eps?: number; scale?: boolean } = {},
 ): { advantages: number[]; zeroAgents: string[] } {
+  const { eps = DEFAULT_ZERO_EPS, scale = true } = opts;
   if (adv.length !== agents.length) {
     throw new Error(
       `normalizePerAgent: adv and agents must have the same length, got ${adv.length} and ${agents.length}`,

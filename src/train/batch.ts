@@ -178,15 +178,15 @@ export function computeAdvantages(
 
 /**
  * Per-agent normalisation over every advantage entry of the batch (per token for MARFT-T, per action
- * otherwise), for the agents in `only` (all when absent); the others keep their raw advantages.
- * Returns the agents whose advantages were degenerate (left at zero).
+ * otherwise), for the agents in `opts.only` (all when absent); the others keep their raw advantages.
+ * `opts.scale` false: centre only. Returns the agents whose advantages were degenerate (left at zero).
  */
 export function normalizeSteps(
   allSteps: Step[],
   perToken: boolean,
-  only?: ReadonlySet<string>,
-  scale = true,
+  opts: { only?: ReadonlySet<string>; scale?: boolean } = {},
 ): string[] {
+  const { only, scale } = opts;
   const steps = only ? allSteps.filter((s) => only.has(s.turn.agent)) : allSteps;
   const values: number[] = [];
   const agents: string[] = [];
@@ -201,7 +201,7 @@ export function normalizeSteps(
       agents.push(s.turn.agent);
     }
   }
-  const { advantages, zeroAgents } = normalizePerAgent(values, agents, undefined, scale);
+  const { advantages, zeroAgents } = normalizePerAgent(values, agents, { scale });
   let i = 0;
   for (const s of steps) {
     if (perToken) {

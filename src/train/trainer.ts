@@ -346,7 +346,10 @@ export class Trainer {
     }
     const norm = c.algo.normalize;
     if (norm !== false) {
-      normalizeSteps(steps, perToken, norm === true ? undefined : new Set(norm), c.algo.normalizeStd);
+      normalizeSteps(steps, perToken, {
+        ...(norm === true ? {} : { only: new Set(norm) }),
+        scale: c.algo.normalizeStd,
+      });
     }
 
     // ---- policy updates
