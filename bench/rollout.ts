@@ -185,11 +185,7 @@ export async function benchRollout(
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const ep = process.argv.find((a) => a.startsWith("--episodes="));
-  const r = await benchRollout({
-    quick: process.argv.includes("--quick"),
-    ...(ep ? { episodes: Number(ep.slice("--episodes=".length)) } : {}),
-  });
+  const r = await benchRollout({ quick: process.argv.includes("--quick") });
   console.table(r.cases);
   console.log(
     JSON.stringify({
