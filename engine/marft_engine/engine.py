@@ -163,6 +163,8 @@ def make_value_head(hidden_size: int, hidden: list[int], seed: int) -> torch.nn.
 class Counters:
     tokens_sampled: int = 0
     tokens_trained: int = 0
+    decode_steps: int = 0  # sampler decode steps, and the rows they computed (mean batch = rows / steps)
+    decode_rows: int = 0
 
 
 @dataclass
@@ -833,6 +835,8 @@ class Engine:
             cuda_max_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else None,
             tokens_sampled=self.counters.tokens_sampled,
             tokens_trained=self.counters.tokens_trained,
+            decode_steps=self.counters.decode_steps,
+            decode_rows=self.counters.decode_rows,
             endpoints={k: EndpointStats(calls=c, seconds=s) for k, (c, s) in sorted(endpoints.items())},
         )
 

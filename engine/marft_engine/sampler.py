@@ -1,17 +1,17 @@
-"""Continuous-batching sampler: one decode loop per base, on one thread, with a KV cache.
+"""Continuous-batching sampler: one decode loop per base, on one thread, with a slot KV cache.
 
 Each `sample` call becomes rows (one per completion) queued for its base. Between decode steps the
-loop admits queued rows: it prefills their prompts (each distinct prompt once, then copies the cache
-for its n samples), left-pads the running cache and the newcomers' cache to a common length, and
-concatenates them, so requests from concurrent HTTP calls share one batch. Every row carries its own
-position ids, adapter (PEFT `adapter_names`, "__base__" = bare base), sampling parameters and seeded
-generator, so a row's tokens do not depend on which other rows share its batch. Finished rows leave
-the batch at once, and cache columns that only padding still uses are dropped.
+loop admits queued rows: it prefills their prompts (each distinct prompt once; its n samples share
+that prefill) and copies each row's prompt cache into a free slot of the running batch, so requests
+from concurrent HTTP calls share one batch. Every row carries its own position ids, adapter (PEFT
+`adapter_names`, "__base__" = bare base), sampling parameters and seeded generator, so a row's
+tokens do not depend on which other rows share its batch. A finished row leaves the batch at once:
+the last row moves into its slot. Joining and leaving copy one row's cache, never the batch's
+(`SlotLayer`), and a decode step computes the live rows only.
 
 On a CPU, a bf16 base decodes under bf16 autocast with its KV cache (`Base.cache_dtype`) and
 attention in fp32 (`use_decode_attention`): CPU attention kernels are several times slower in bf16 for a one-token
-query, while the weight matmuls, which dominate, are faster. The decode cache grows into spare room
-(`SlackLayer`) instead of being re-concatenated at every step.
+query, while the weight matmuls, which dominate, are faster.
 """
 
 from __future__ import annotations
@@ -81,63 +81,150 @@ class Row:
     text: str = ""
 
 
-@dataclass
-class Running:
-    """The decode batch of one base: rows, their KV cache ([B, H, L, D] per layer), padding mask [B, L].
-
-    The cache object lives as long as the batch's membership does; it is rebuilt only when rows join
-    or leave (rebuilding copies every layer)."""
-
-    rows: list[Row]
-    cache: DynamicCache
-    mask: torch.Tensor  # [B, L] 1 = real token
-    pos: torch.Tensor  # [B] position id of the next token fed
-
-    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return _kv(self.cache)
+SLACK = 64  # least spare cache columns a re-layout leaves (it leaves half the width when more)
 
 
-SLACK = 64  # cache positions allocated ahead; a decode step copies the cache once every SLACK steps
+class SlotLayer(DynamicLayer):
+    """One layer of a decode batch's KV cache, in buffers [S, H, C, D] (S row slots, C columns).
 
+    Why slots: rows join and leave the batch all the time (continuous batching). Concatenating caches
+    on a join and index-selecting them on a leave copies the whole batch's cache at every such event,
+    gigabytes per event at RL batch sizes. Here a joining row's prompt is copied into a free slot and a
+    leaving row's slot is refilled by the last row (swap-remove), so an event copies one row's cache.
+    Geometry (set by `Running`): the batch's rows are slots [0, n); every row's tokens end at column
+    `end` (left padding); attention reads columns [start, end). `update` writes the step's keys at
+    column `end` and returns views of slots [0, n) x columns [start, end + T)."""
 
-class SlackLayer(DynamicLayer):
-    """A cache layer that appends into spare room. Why: `DynamicLayer` concatenates, which copies the
-    whole layer's cache at every decode step (a fifth of a CPU decode step at a few hundred tokens).
-    `keys` / `values` are views [B, H, L, D] of buffers [B, H, L + room, D]."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor) -> None:
         super().__init__()
-        self.lazy_initialization(keys, values)
-        self.dtype = dtype or keys.dtype  # the copy below casts
-        self._place(keys, values)
+        self.lazy_initialization(kbuf, vbuf)
+        self.kbuf, self.vbuf = kbuf, vbuf
+        self.view(0, 0, 0)
 
-    def _place(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        B, H, L, D = keys.shape
-        self._kbuf = keys.new_empty((B, H, L + SLACK, D), dtype=self.dtype)
-        self._vbuf = values.new_empty((B, H, L + SLACK, values.shape[-1]), dtype=self.dtype)
-        self._kbuf[:, :, :L] = keys
-        self._vbuf[:, :, :L] = values
-        self.keys, self.values = self._kbuf[:, :, :L], self._vbuf[:, :, :L]
+    def view(self, n: int, start: int, end: int) -> None:
+        self.n, self.start, self.end = n, start, end
+        self.keys, self.values = self.kbuf[:n, :, start:end], self.vbuf[:n, :, start:end]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = self.keys.shape[-2]
-        m = n + key_states.shape[-2]
-        if m > self._kbuf.shape[-2]:
-            self._place(self.keys, self.values)
-        self._kbuf[:, :, n:m] = key_states  # cast to the cache's dtype if they differ
-        self._vbuf[:, :, n:m] = value_states
-        self.keys, self.values = self._kbuf[:, :, :m], self._vbuf[:, :, :m]
+        m = self.end + key_states.shape[-2]
+        self.kbuf[: self.n, :, self.end : m] = key_states  # cast to the cache's dtype if they differ
+        self.vbuf[: self.n, :, self.end : m] = value_states
+        self.view(self.n, self.start, m)
         return self.keys, self.values
 
 
-def _cache(kv: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype | None = None) -> DynamicCache:
-    """A decode cache over per-layer (keys, values) [B, H, L, D], in `dtype` (default: theirs)."""
-    cache = DynamicCache()
-    cache.layers = [SlackLayer(k, v, dtype) for k, v in kv]
-    cache.layer_class_to_replicate = None
-    return cache
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [B, H, L, D]
+_uninitialised = torch.empty  # the slot cache's allocator (a test fills it with NaN instead)
+
+
+class Running:
+    """The decode batch of one base: its rows in slots [0, n) of a slot cache (see SlotLayer).
+
+    Row i's tokens fill columns [first[i], end) of slot i, and pos[i] is the position id of the next
+    token it is fed. Adding and removing a row copy that row's cache only. A re-layout copies the live
+    rows' columns [start, end) into new buffers, dropping columns no live row uses; it happens when
+    more slots are needed, when a prompt is longer than there is room for on the left, and at the right
+    edge. It leaves room of half the width (at least SLACK columns) on the side that ran out, so re-
+    layouts are rare: O(log) as the batch grows. Buffers are allocated uninitialised (untouched room
+    costs no memory); the invariant that makes that safe: in every live slot, columns [start, end) are
+    finite (a masked column still meets a 0 weight in attention, and 0 * NaN = NaN)."""
+
+    def __init__(self, max_slots: int, dtype: torch.dtype | None) -> None:
+        self.rows: list[Row] = []
+        self.first: list[int] = []
+        self.pos: list[int] = []
+        self.end = 0
+        self.max_slots = max_slots
+        self.dtype = dtype  # the cache's dtype; None: the prefill's
+        self.slots = self.columns = 0
+        self.layers: list[SlotLayer] = []
+        self.cache = DynamicCache()
+
+    @property
+    def start(self) -> int:
+        return min(self.first, default=self.end)
+
+    def _relayout(self, slots: int, origin: int, like: KV) -> None:
+        """Move the live rows into new buffers of at least `slots` slots whose column 0 is old column
+        `origin` (<= start; negative: room on the left). `like`: per layer, tensors whose head count,
+        head size and device the buffers take."""
+        n, start = len(self.rows), self.start
+        S = max(slots, min(2 * self.slots, self.max_slots))  # geometric: O(log) re-layouts as rows join
+        C = self.end - origin + max(SLACK, (self.end - origin) // 2)
+        layers = []
+        for i, (k, v) in enumerate(like):
+            kb = _uninitialised((S, k.shape[1], C, k.shape[3]), dtype=self.dtype or k.dtype, device=k.device)
+            vb = _uninitialised((S, v.shape[1], C, v.shape[3]), dtype=self.dtype or v.dtype, device=v.device)
+            if n:
+                kb[:n, :, start - origin : self.end - origin] = self.layers[i].kbuf[:n, :, start : self.end]
+                vb[:n, :, start - origin : self.end - origin] = self.layers[i].vbuf[:n, :, start : self.end]
+            layers.append(SlotLayer(kb, vb))
+        self.layers, self.slots, self.columns = layers, S, C
+        self.cache = DynamicCache()
+        self.cache.layers = layers  # type: ignore[assignment]
+        self.cache.layer_class_to_replicate = None
+        self.first = [f - origin for f in self.first]
+        self.end -= origin
+
+    def add(self, rows: list[Row], kv: KV, src: list[int]) -> None:
+        """Admit rows whose prompts were prefilled into kv (per layer [P, H, Lp, D], left-padded): row j's
+        prompt cache is the last len(prompt) columns of kv row src[j]."""
+        n, longest = len(self.rows), max(len(r.prompt) for r in rows)
+        lo = min(self.start, self.end - longest)  # the batch's first column once they are in
+        if lo < 0:  # room on the left for this prompt, and as much again for the next longer one
+            self._relayout(n + len(rows), lo - max(SLACK, (self.end - lo) // 2), kv)
+        elif n + len(rows) > self.slots:
+            self._relayout(n + len(rows), lo, kv)
+        start = self.start
+        lo = min(start, self.end - longest)
+        if lo < start:  # the live rows' new padding columns must be finite (class docstring)
+            for layer in self.layers:
+                layer.kbuf[:n, :, lo:start] = 0
+                layer.vbuf[:n, :, lo:start] = 0
+        Lp = kv[0][0].shape[2]
+        for j, r in enumerate(rows):
+            i, p, s = n + j, len(r.prompt), src[j]
+            for layer, (k, v) in zip(self.layers, kv, strict=True):
+                layer.kbuf[i, :, lo : self.end - p] = 0
+                layer.vbuf[i, :, lo : self.end - p] = 0
+                layer.kbuf[i, :, self.end - p : self.end] = k[s, :, Lp - p :]
+                layer.vbuf[i, :, self.end - p : self.end] = v[s, :, Lp - p :]
+            self.rows.append(r)
+            self.first.append(self.end - p)
+            self.pos.append(p)
+
+    def remove(self, indices: list[int]) -> None:
+        """Drop rows: the last row moves into each freed slot (highest index first, so it is live)."""
+        start = self.start
+        for i in sorted(indices, reverse=True):
+            last = len(self.rows) - 1
+            if i != last:
+                for layer in self.layers:
+                    layer.kbuf[i, :, start : self.end] = layer.kbuf[last, :, start : self.end]
+                    layer.vbuf[i, :, start : self.end] = layer.vbuf[last, :, start : self.end]
+                self.rows[i], self.first[i], self.pos[i] = self.rows[last], self.first[last], self.pos[last]
+            self.rows.pop()
+            self.first.pop()
+            self.pos.pop()
+
+    def step_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make room for one more column and point the layers at the live rows; returns the attention
+        mask [n, end - start + 1] (1 = a real token) and the position ids [n, 1] of this step."""
+        if self.end >= self.columns:
+            self._relayout(len(self.rows), self.start, [(x.kbuf, x.vbuf) for x in self.layers])
+        n, start = len(self.rows), self.start
+        for layer in self.layers:
+            layer.view(n, start, self.end)
+        cols = torch.arange(start, self.end + 1, device=device)
+        mask = (cols[None, :] >= torch.tensor(self.first, device=device)[:, None]).long()
+        return mask, torch.tensor(self.pos, device=device)[:, None]
+
+    def advance(self) -> None:
+        """After a decode step: every row has one more token in the cache."""
+        self.end += 1
+        self.pos = [p + 1 for p in self.pos]
 
 
 def _attention_in_cache_dtype(
@@ -432,21 +519,16 @@ class Sampler:
             logits_to_keep=1,
             adapter_names=[r.adapter for r in uniq],
         )
-        sel = torch.tensor(which, device=dev)
-        kv = _kv(cache)
-        if len(uniq) != len(new):  # n > 1: copy each prompt's cache rows for its samples
-            kv = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
-        cache = _cache(kv, base.cache_dtype)  # a CPU bf16 base decodes from an fp32 cache
-        mask = mask.to(dev).index_select(0, sel)
-        logits = logits.index_select(0, sel)
-        npos = torch.tensor([len(r.prompt) for r in new], device=dev)
+        logits = logits.index_select(0, torch.tensor(which, device=dev))
         self._take(base, new, logits)
-        joined = Running(rows=new, cache=cache, mask=mask, pos=npos)
-        if run is not None:
-            joined = _concat(run, joined)
-        self.running[base.name] = self._drop_finished(base, joined)
-        if not self.running[base.name].rows:
-            del self.running[base.name]
+        live = [j for j, r in enumerate(new) if r.finish is None]
+        for r in new:
+            if r.finish is not None:  # done at its first token (max_new_tokens 1, eos): never decoded
+                self._complete(base, r)
+        if live:
+            if run is None:
+                run = self.running[base.name] = Running(self.engine.max_batch, base.cache_dtype)
+            run.add([new[j] for j in live], _kv(cache), [which[j] for j in live])
 
     def _step(self, base: Base) -> None:
         run = self.running.get(base.name)
@@ -460,33 +542,27 @@ class Sampler:
                         EngineError(409, "conflict", f"adapter {r.adapter!r} was deleted while sampling")
                     )
                 r.finish = "length"
-            run = self._drop_finished(base, run)
-            if not run.rows:
-                del self.running[base.name]
+            if not self._drop_finished(base, run):
                 return
-            self.running[base.name] = run
         dev = base.device
         B = len(run.rows)
         self.peak_batch = max(self.peak_batch, B)
+        self.engine.counters.decode_steps += 1
+        self.engine.counters.decode_rows += B
         ids = torch.tensor([[r.out[-1]] for r in run.rows], device=dev)  # [B, 1]
-        mask = torch.cat([run.mask, torch.ones((B, 1), dtype=run.mask.dtype, device=dev)], dim=1)  # [B, L+1]
+        mask, pos = run.step_inputs(dev)  # [B, L+1], [B, 1]
         logits = self._model_call(
             base,
             input_ids=ids,
             attention_mask=mask,
-            position_ids=run.pos[:, None],
+            position_ids=pos,
             past_key_values=run.cache,
             use_cache=True,
             adapter_names=[r.adapter for r in run.rows],
         )
-        run.mask = mask
-        run.pos = run.pos + 1
+        run.advance()
         self._take(base, run.rows, logits)
-        run = self._drop_finished(base, run)
-        if run.rows:
-            self.running[base.name] = run
-        else:
-            del self.running[base.name]
+        self._drop_finished(base, run)
 
     # ------------------------------------------------------------------------------------------------
     # token choice and bookkeeping
@@ -500,13 +576,13 @@ class Sampler:
         logp = F.log_softmax(logits / temps[:, None], dim=-1)  # [B, V] the tempered policy
         chosen: list[int] = [0] * B
         sampler_lp: list[float] = [0.0] * B
+        full: list[int] = []  # rows that sample the whole tempered distribution
         for i, r in enumerate(rows):
             sp = r.params
             if sp.temperature == 0:  # greedy: the sampler is a point mass, log-prob 0
                 chosen[i] = int(torch.argmax(logits[i]))
-                continue
-            row = logp[i]  # [V]
-            if sp.top_k > 0 or sp.top_p < 1.0:
+            elif sp.top_k > 0 or sp.top_p < 1.0:
+                row = logp[i]  # [V]
                 k = min(sp.top_k, V) if sp.top_k > 0 else V
                 vals, idx = torch.topk(row, k)  # [k] sorted descending
                 if sp.top_p < 1.0:
@@ -518,8 +594,22 @@ class Sampler:
                 chosen[i] = int(idx[j])
                 sampler_lp[i] = float(trunc[j])
             else:
-                chosen[i] = int(torch.multinomial(row.exp(), 1, generator=r.generator))
-                sampler_lp[i] = float(row[chosen[i]])
+                full.append(i)
+        if full:
+            # Inverse-CDF sampling, all such rows at once, one uniform draw per row from its own
+            # generator. Why not multinomial: on the CPU it draws one exponential per vocabulary entry
+            # (~0.75 ms a row for a 49k vocabulary, 15% of a decode step at batch 20). float64 so the
+            # CDF resolves tokens of probability far below float32's 6e-8 steps near 1; right=True
+            # never lands on a zero-probability token.
+            dev = logits.device
+            u = torch.stack(
+                [torch.rand((), generator=rows[i].generator, device=dev, dtype=torch.float64) for i in full]
+            )
+            cdf = logp[full].double().exp().cumsum(-1)  # [F, V]
+            idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_max(V - 1)  # [F, 1]
+            for i, t in zip(full, idx[:, 0].tolist(), strict=True):
+                chosen[i] = t
+                sampler_lp[i] = float(logp[i, t])
         picked = logp.gather(1, torch.tensor(chosen, device=logits.device)[:, None]).squeeze(1).tolist()
         eos = set(base.eos_ids)
         for i, r in enumerate(rows):
@@ -542,28 +632,16 @@ class Sampler:
                 return True
         return False
 
-    def _drop_finished(self, base: Base, run: Running) -> Running:
+    def _drop_finished(self, base: Base, run: Running) -> bool:
+        """Complete the finished rows and take them out of the batch; returns whether any row is left
+        (an empty batch is dropped, and its cache with it)."""
         done = [i for i, r in enumerate(run.rows) if r.finish is not None]
-        if not done:
-            return run
         for i in done:
             self._complete(base, run.rows[i])
-        keep = [i for i, r in enumerate(run.rows) if r.finish is None]
-        if not keep:
-            return Running(rows=[], cache=_cache([]), mask=run.mask[:0], pos=run.pos[:0])
-        sel = torch.tensor(keep, device=run.mask.device)
-        mask = run.mask.index_select(0, sel)
-        # columns that are padding for every remaining row can go
-        first = int((mask.sum(0) > 0).nonzero()[0])
-        kv = [
-            (k.index_select(0, sel)[:, :, first:], v.index_select(0, sel)[:, :, first:]) for k, v in run.kv()
-        ]
-        return Running(
-            rows=[run.rows[i] for i in keep],
-            cache=_cache(kv),
-            mask=mask[:, first:],
-            pos=run.pos.index_select(0, sel),
-        )
+        run.remove(done)
+        if not run.rows:
+            del self.running[base.name]
+        return bool(run.rows)
 
     def _complete(self, base: Base, r: Row) -> None:
         ids = r.out
@@ -597,29 +675,6 @@ class Sampler:
                     results=results, tokens_sampled=job.tokens, seconds=time.perf_counter() - job.started
                 )
             )
-
-
-def _concat(a: Running, b: Running) -> Running:
-    """Join two decode batches: left-pad the shorter cache so both have the same length."""
-    La, Lb = a.mask.shape[1], b.mask.shape[1]
-    L = max(La, Lb)
-
-    def lpad(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-        if n == 0:
-            return x
-        shape = list(x.shape)
-        shape[dim] = n
-        return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
-
-    kv = [
-        (
-            torch.cat([lpad(ka, L - La, 2), lpad(kb, L - Lb, 2)]),
-            torch.cat([lpad(va, L - La, 2), lpad(vb, L - Lb, 2)]),
-        )
-        for (ka, va), (kb, vb) in zip(a.kv(), b.kv(), strict=True)
-    ]
-    mask = torch.cat([lpad(a.mask, L - La, 1), lpad(b.mask, L - Lb, 1)])
-    return Running(rows=a.rows + b.rows, cache=_cache(kv), mask=mask, pos=torch.cat([a.pos, b.pos]))
 
 
 def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

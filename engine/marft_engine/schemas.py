@@ -308,6 +308,10 @@ class Stats(Strict):
     cuda_max_allocated_bytes: int | None = None
     tokens_sampled: int
     tokens_trained: int
+    decode_steps: int = Field(description="decode steps the sampler has run")
+    decode_rows: int = Field(
+        description="rows those steps computed: decode_rows / decode_steps is the mean decode batch"
+    )
     endpoints: dict[str, EndpointStats]
 
 

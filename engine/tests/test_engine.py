@@ -12,10 +12,11 @@ import torch
 from helpers import add_policy
 
 from marft_engine import losses
+from marft_engine import sampler as sampler_module
 from marft_engine.engine import Base, Engine
 from marft_engine.errors import EngineError
 from marft_engine.models import load_tiny
-from marft_engine.sampler import SLACK, SlackLayer
+from marft_engine.sampler import SLACK, Row, Running
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
@@ -143,6 +144,30 @@ def test_sample_parity_with_forward_mixed_adapters_and_temperatures(engine: Engi
                 assert c.sampler_logprobs == c.logprobs
             else:  # truncation renormalises: the sampled token is at least as likely under the sampler
                 assert all(s >= p - 1e-6 for s, p in zip(c.sampler_logprobs, c.logprobs, strict=True))
+
+
+def test_sampled_tokens_follow_the_tempered_policy(engine: Engine) -> None:
+    """Full-vocabulary sampling draws tokens with the policy's probabilities: 4000 one-token samples
+    against the policy's probabilities from forward passes, every token of probability > 1% within 4.5
+    standard errors (an off-by-one in the inverse CDF or a biased draw moves whole classes)."""
+    prompt = [7, 100, 42, 9]
+    T, n = 0.1, 4000  # the tiny model is near-uniform: a low temperature gives it likely tokens
+    sp = SamplingParams(temperature=T, max_new_tokens=1, n=n // 16)
+    req = SampleRequest(adapter="__base__", base="b", prompt_ids=prompt, sampling=sp)
+    res = engine.sample(SampleBatch(requests=[req] * 16, seed=5)).results
+    completions = [c for r in res for c in r.completions]
+    vocab = engine.bases["b"].vocab_size
+    got = torch.bincount(torch.tensor([c.response_ids[0] for c in completions]), minlength=vocab)
+    every = [Datum(tokens=[*prompt, t]) for t in range(vocab)]
+    f = engine.forward(ForwardRequest(adapter="__base__", base="b", data=every, temperature=T))
+    p = torch.tensor([r.logprobs[-1] for r in f.results]).exp()  # [V] the tempered policy
+    assert abs(float(p.sum()) - 1) < 1e-4
+    assert int((p > 0.01).sum()) >= 3  # several likely tokens, so the test means something
+    for t in torch.nonzero(p > 0.01)[:, 0].tolist():
+        se = float((p[t] * (1 - p[t]) / n).sqrt())
+        assert abs(float(got[t]) / n - float(p[t])) < 4.5 * se, (t, float(got[t]) / n, float(p[t]))
+    for c in completions:  # the sampler is the policy itself here
+        assert c.sampler_logprobs == c.logprobs
 
 
 def test_mixed_adapter_batch_equals_separate_calls(engine: Engine) -> None:
@@ -350,16 +375,90 @@ def test_engine_calls_run_on_the_compute_thread(engine: Engine, monkeypatch: pyt
         engine.delete_adapter("nope")
 
 
-def test_slack_cache_layer_appends_like_concatenation() -> None:
+def test_slot_cache_keeps_every_row_through_joins_leaves_and_relayouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decode batch's slot cache against a plain per-row record of what each row's cache holds,
+    through joins (with prompts longer than the batch's: room made on the left), leaves (swap-remove),
+    slot growth and re-layouts at the right edge; the attention mask marks exactly each row's tokens,
+    a step's update returns the live rows' keys, and what attention reads is finite even though the
+    buffers start as garbage (NaN here)."""
+
+    def nan_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(sampler_module, "_uninitialised", nan_buffer)
     g = torch.Generator().manual_seed(0)
-    k, v = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 5, 4, generator=g)
-    layer = SlackLayer(k, v)
-    for _ in range(SLACK + 3):  # crosses the spare room once
-        nk, nv = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
-        k, v = torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)
-        got_k, got_v = layer.update(nk, nv)
-        assert torch.equal(got_k, k) and torch.equal(got_v, v)
-    assert layer.get_seq_length() == 5 + SLACK + 3
+    H, D, layers = 2, 3, 2
+    run = Running(max_slots=6, dtype=torch.float64)
+    want: dict[int, list[torch.Tensor]] = {}  # row id -> per layer [H, len, D] keys (values = -keys)
+    rows: dict[int, Row] = {}
+    next_id = 0
+
+    def join(lengths: list[int]) -> None:
+        nonlocal next_id
+        Lp = max(lengths)
+        kv = []
+        for _ in range(layers):
+            k = torch.randn(len(lengths), H, Lp, D, generator=g, dtype=torch.float32)
+            kv.append((k, -k))
+        new = []
+        for j, p in enumerate(lengths):
+            r = Row(
+                job=None,
+                req=next_id,
+                k=0,
+                prompt=[0] * p,
+                adapter="a",
+                params=None,
+                generator=None,
+                ignore_eos=False,
+            )  # type: ignore[arg-type]
+            rows[next_id], want[next_id] = r, [kv[li][0][j, :, Lp - p :].double() for li in range(layers)]
+            new.append(r)
+            next_id += 1
+        run.add(new, kv, list(range(len(lengths))))
+
+    def step() -> None:
+        mask, pos = run.step_inputs(torch.device("cpu"))
+        n = len(run.rows)
+        for r, m, p in zip(run.rows, mask, pos[:, 0], strict=True):
+            assert int(m.sum()) == want[r.req][0].shape[1] + 1 and bool(m[-1])  # its tokens + this one
+            assert int(p) == want[r.req][0].shape[1]
+        for li, layer in enumerate(run.cache.layers):
+            new = torch.randn(n, H, 1, D, generator=g, dtype=torch.float64)
+            k, v = layer.update(new, -new)
+            assert k.shape == (n, H, mask.shape[1], D) and torch.equal(v, -k)
+            assert torch.isfinite(k).all() and torch.isfinite(v).all()
+            for i, r in enumerate(run.rows):
+                want[r.req][li] = torch.cat([want[r.req][li], new[i]], dim=1)
+        run.advance()
+
+    def check() -> None:
+        for i, r in enumerate(run.rows):
+            f = run.first[i]
+            assert run.end - f == want[r.req][0].shape[1]
+            for li, layer in enumerate(run.layers):
+                assert torch.equal(layer.kbuf[i, :, f : run.end], want[r.req][li])
+                assert torch.equal(layer.vbuf[i, :, f : run.end], -want[r.req][li])
+
+    join([3, 5])
+    check()
+    for t in range(3 * SLACK):  # crosses the right edge: re-layouts
+        step()
+        if t == 2:
+            join([9, 1, 4])  # 9 > end: the cache is re-laid out with room on the left; slots grow
+        if t == 5:
+            run.remove([0, 3])  # swap-remove: the last rows move into slots 0 and 3
+        if t == 7:
+            join([2])
+        if t == 30:
+            run.remove([len(run.rows) - 1])
+        check()
+    assert sorted(r.req for r in run.rows) == [1, 2, 4]  # 0 and 3 left at t=5, 5 (joined at t=7) at t=30
+    assert run.start == min(run.first)
+    run.remove(list(range(len(run.rows))))
+    assert run.rows == [] and run.first == [] and run.pos == []
 
 
 def test_deleting_an_adapter_mid_decode_fails_its_call(engine: Engine) -> None:

@@ -746,6 +746,16 @@ export interface components {
             cuda_allocated_bytes?: number | null;
             /** Cuda Max Allocated Bytes */
             cuda_max_allocated_bytes?: number | null;
+            /**
+             * Decode Rows
+             * @description rows those steps computed: decode_rows / decode_steps is the mean decode batch
+             */
+            decode_rows: number;
+            /**
+             * Decode Steps
+             * @description decode steps the sampler has run
+             */
+            decode_steps: number;
             /** Device */
             device: string;
             /** Endpoints */
