@@ -105,10 +105,10 @@ describe("rollout against a real engine", () => {
       expect(ep.turns.map((t) => t.reward)).toEqual([ep.info["teamReward"], ep.info["teamReward"]]);
       expect(ep.transcript.length).toBeGreaterThan(2);
     }
-    // Two agents of 12 episodes: 24 turns in fewer calls (speakers batched together, listeners too).
+    // Two agents of 12 episodes: 24 turns, a call each; the engine batched concurrent calls.
     expect(stats.turns).toBe(24);
-    expect(stats.engineCalls).toBeLessThan(24);
-    expect(stats.meanBatchSize).toBeGreaterThan(1);
+    expect(stats.engineCalls).toBe(24);
+    expect(stats.meanDecodeBatch).toBeGreaterThan(1);
     expect(stats.tokensSampled).toBe(
       episodes.flatMap((e) => e.turns).reduce((n, t) => n + t.responseIds.length, 0),
     );
@@ -116,7 +116,7 @@ describe("rollout against a real engine", () => {
     await checkParity(episodes);
   });
 
-  it("parallel-vote: solvers sampled together, the aggregator sees both; mixed adapters in one call", async () => {
+  it("parallel-vote: solvers sampled together, the aggregator sees both; mixed adapters in one batch", async () => {
     const { episodes, stats } = await rollout({
       client: eng.client,
       makeEnv: () => vote.makeEnv(trio, voteGraph),
@@ -137,9 +137,39 @@ describe("rollout against a real engine", () => {
       expect(ep.turns[2]!.agent).toBe("agg");
       expect(ep.turns[2]!.parents).toEqual(["s1", "s2"]);
     }
-    // 8 episodes x 3 agents; the two solvers of all episodes fit in one call.
+    // 8 episodes x 3 agents, decoded in shared batches of mixed adapters.
     expect(stats.turns).toBe(24);
-    expect(stats.meanBatchSize).toBeGreaterThanOrEqual(2);
+    expect(stats.meanDecodeBatch).toBeGreaterThan(1);
+    await checkParity(episodes);
+  });
+
+  it("a sequential team's next agent starts as soon as its parent is done, not after the round", async () => {
+    // Speakers stop at any of 48 characters: on the near-uniform random-init model their lengths
+    // vary from 1 to 24 tokens. The spy records when each call goes out and comes back (the real
+    // engine answers it). Had the rollout waited for all speakers, no listener would be sent before
+    // the last speaker is back.
+    const stops = [..."abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"];
+    const varied = {
+      ...profiles,
+      speaker: { adapter: "speaker", sampling: { temperature: 1, max_new_tokens: 24, stop: stops } },
+    };
+    const events: Array<{ agent: string; at: "sent" | "back" }> = [];
+    const spy = Object.create(eng.client) as EngineClient;
+    spy.sample = async (body, o) => {
+      const agent = body.requests?.[0]?.adapter ?? "";
+      events.push({ agent, at: "sent" });
+      const res = await eng.client.sample(body, o);
+      events.push({ agent, at: "back" });
+      return res;
+    };
+    const { episodes } = await rollout(secretOpts({ client: spy, profiles: varied, samplesPerTask: 4 }));
+    const lengths = episodes.map((e) => e.turns[0]!.responseIds.length);
+    expect(Math.max(...lengths)).toBeGreaterThan(Math.min(...lengths) + 3);
+    const lastSpeakerBack = events.findLastIndex((e) => e.agent === "speaker" && e.at === "back");
+    const firstListenerSent = events.findIndex((e) => e.agent === "listener" && e.at === "sent");
+    expect(firstListenerSent).toBeGreaterThanOrEqual(0);
+    expect(firstListenerSent).toBeLessThan(lastSpeakerBack);
+    for (const ep of episodes) expect(ep.turns.map((t) => t.agent)).toEqual(["speaker", "listener"]);
     await checkParity(episodes);
   });
 

@@ -1,11 +1,12 @@
 // The rollout: many episodes in flight at once (DESIGN §3 "Asynchrony", §8).
 //
-// As soon as an agent is ready in any episode, its observation is taken and queued; everything queued
-// in the same event-loop tick goes out as ONE `sample` call (adapters mixed), and up to
-// `maxInFlightCalls` calls are outstanding at once, because the engine joins concurrent calls into
-// one decode batch. When a completion comes back the env's `act` runs at once (answer checking, code
-// execution), concurrently with the sampling of everyone else; when it finishes, newly ready agents
-// join the next call. Nothing waits for a whole "round".
+// As soon as an agent is ready in any episode, its observation goes to the engine as its own `sample`
+// call. The engine joins concurrent calls into one decode batch (adapters mixed, rows joining and
+// leaving between decode steps), so batching happens there; one call per request is what lets each
+// completion come back the moment it is done. (A call of many requests answers when its slowest row
+// is done: the next agents of a sequential team would wait for the whole call, a "round" by another
+// name.) When a completion comes back the env's `act` runs at once (answer checking, code execution),
+// concurrently with the sampling of everyone else; when it finishes, newly ready agents are sent.
 //
 // Every action is recorded as a Turn with the exact prompt ids, response ids, log-probs and adapter
 // version the engine returned. Rewards read from `takeRewards()` after each act are added to each
@@ -51,10 +52,8 @@ export interface RolloutOptions<Task> {
   seed: number;
   /** Episodes alive at once (default 64). */
   maxConcurrentEpisodes?: number;
-  /** Requests per sample call (default 64). */
+  /** Deterministic mode: requests per sample call (default 64). */
   maxBatchSize?: number;
-  /** Sample calls outstanding at once (default 4; 1 in deterministic mode). */
-  maxInFlightCalls?: number;
   /** Lock-step mode with a fixed grouping of calls: bitwise reproducible given the seed (on CPU). */
   deterministic?: boolean;
   /** An episode that takes more actions than this is an env bug (default 1000). */
@@ -70,9 +69,10 @@ export interface RolloutStats {
   promptTokens: number;
   seconds: number;
   tokensPerSecond: number;
-  /** Number of `sample` calls and requests per call. */
+  /** Number of `sample` calls. */
   engineCalls: number;
-  meanBatchSize: number;
+  /** Rows per engine decode step while this rollout ran (engine-wide: other clients' rows count too). */
+  meanDecodeBatch: number;
   /** Most sample calls outstanding at once. */
   maxInFlight: number;
   /** Rewards given to an agent before its first action in the episode (no turn to credit). */
@@ -106,6 +106,8 @@ interface Live<Task> {
   latest: Map<AgentId, Turn>;
   /** How many times each agent has been requested in this episode: part of its sample seed. */
   requested: Map<AgentId, number>;
+  /** Requests queued so far in this episode: the next one's turn order. */
+  queued: number;
   done: boolean;
 }
 
@@ -116,6 +118,8 @@ interface Request<Task> {
   parents: AgentId[];
   step: number;
   seed: number;
+  /** The turn's place in the episode: the order requests were queued (ready() order within a step). */
+  order: number;
 }
 
 export async function rollout<Task>(opts: RolloutOptions<Task>): Promise<RolloutResult> {
@@ -127,7 +131,6 @@ class Rollout<Task> {
   private readonly total: number;
   private readonly maxEpisodes: number;
   private readonly maxBatch: number;
-  private readonly maxInFlight: number;
   private readonly maxActions: number;
   private readonly episodes: Episode[] = [];
   private next = 0;
@@ -144,7 +147,6 @@ class Rollout<Task> {
     tokensSampled: 0,
     promptTokens: 0,
     engineCalls: 0,
-    requests: 0,
     maxInFlight: 0,
     droppedRewards: 0,
   };
@@ -157,12 +159,12 @@ class Rollout<Task> {
     this.total = opts.tasks.length * this.n;
     this.maxEpisodes = opts.maxConcurrentEpisodes ?? 64;
     this.maxBatch = opts.maxBatchSize ?? 64;
-    this.maxInFlight = opts.deterministic ? 1 : (opts.maxInFlightCalls ?? 4);
     this.maxActions = opts.maxActionsPerEpisode ?? 1000;
   }
 
   async run(): Promise<RolloutResult> {
     const t0 = performance.now();
+    const before = await this.opts.client.stats();
     if (this.total > 0) {
       const probe = this.opts.makeEnv();
       const missing = probe.agents.filter((a) => !this.opts.profiles[a]);
@@ -172,6 +174,8 @@ class Rollout<Task> {
       else await this.runAsync();
     }
     const seconds = (performance.now() - t0) / 1000;
+    const after = await this.opts.client.stats();
+    const steps = after.decode_steps - before.decode_steps;
     const s = this.stats;
     return {
       episodes: this.episodes,
@@ -183,7 +187,7 @@ class Rollout<Task> {
         seconds,
         tokensPerSecond: seconds > 0 ? s.tokensSampled / seconds : 0,
         engineCalls: s.engineCalls,
-        meanBatchSize: s.engineCalls > 0 ? s.requests / s.engineCalls : 0,
+        meanDecodeBatch: steps > 0 ? (after.decode_rows - before.decode_rows) / steps : 0,
         maxInFlight: s.maxInFlight,
         droppedRewards: s.droppedRewards,
       },
@@ -217,6 +221,7 @@ class Rollout<Task> {
       actsInFlight: 0,
       latest: new Map(),
       requested: new Map(),
+      queued: 0,
       done: false,
     };
     await env.reset(task, seed);
@@ -241,6 +246,7 @@ class Rollout<Task> {
         parents: env.parents(agent),
         step: env.step(),
         seed: mixSeed(this.opts.seed, episode.index, 2, env.agents.indexOf(agent), k),
+        order: live.queued++,
       });
     }
   }
@@ -270,6 +276,9 @@ class Rollout<Task> {
       return false;
     }
     this.credit(live);
+    // Completions of parallel agents come back in any order; turns keep the order they were queued
+    // in (dependency order, then ready() order), which the estimators read as the order of actions.
+    episode.turns.sort((a, b) => a.order - b.order);
     episode.terminated = env.terminated;
     episode.truncated = env.truncated;
     episode.info = env.info();
@@ -303,7 +312,6 @@ class Rollout<Task> {
       return req;
     });
     this.stats.engineCalls++;
-    this.stats.requests += batch.length;
     this.inFlight++;
     this.stats.maxInFlight = Math.max(this.stats.maxInFlight, this.inFlight);
     try {
@@ -324,7 +332,7 @@ class Rollout<Task> {
     if (!c) throw new Error(`sample: no completion for agent ${r.agent} of episode ${live.episode.index}`);
     const temperature = this.opts.profiles[r.agent]!.sampling?.temperature ?? 1;
     const turn: Turn = {
-      order: live.episode.turns.length,
+      order: r.order,
       step: r.step,
       agent: r.agent,
       parents: r.parents,
@@ -405,7 +413,7 @@ class Rollout<Task> {
     this.flushSoon();
   }
 
-  /** Everything queued in this tick goes out together. */
+  /** Everything queued in this tick goes out after it (one call per request). */
   private flushSoon(): void {
     if (this.flushScheduled) return;
     this.flushScheduled = true;
@@ -416,28 +424,22 @@ class Rollout<Task> {
   }
 
   private flush(): void {
-    while (this.queue.length > 0 && this.inFlight < this.maxInFlight) {
-      const batch = this.queue.splice(0, this.maxBatch);
-      this.sample(batch).then(
-        (res) => this.guard(() => this.deliver(batch, res)),
+    for (const r of this.queue.splice(0)) {
+      this.sample([r]).then(
+        (res) =>
+          this.guard(() =>
+            this.act(r, res.results[0]!).then(
+              () =>
+                this.guard(() => {
+                  this.credit(r.live);
+                  this.advance(r.live);
+                }),
+              (e) => this.fail(e),
+            ),
+          ),
         (e) => this.fail(e),
       );
     }
-  }
-
-  private deliver(batch: Array<Request<Task>>, res: Schemas["SampleResponse"]): void {
-    // Requests of one episode are in topological order (the order of ready()), so acts start in it.
-    batch.forEach((r, i) => {
-      this.act(r, res.results[i]!).then(
-        () =>
-          this.guard(() => {
-            this.credit(r.live);
-            this.advance(r.live);
-          }),
-        (e) => this.fail(e),
-      );
-    });
-    this.flush(); // a call slot is free again
   }
 
   // ------------------------------------------------------------------------------------------------

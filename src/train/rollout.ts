@@ -21,7 +21,7 @@ export interface RolloutRequest {
 
 export interface RolloutOutcome {
   episodes: Episode[];
-  stats: { tokensSampled: number; seconds: number; engineCalls: number; meanBatchSize: number };
+  stats: { tokensSampled: number; seconds: number; engineCalls: number; meanDecodeBatch: number };
 }
 
 export async function runRollout(r: RolloutRequest): Promise<RolloutOutcome> {
@@ -53,7 +53,7 @@ export async function runRollout(r: RolloutRequest): Promise<RolloutOutcome> {
       tokensSampled: res.stats.tokensSampled,
       seconds: res.stats.seconds,
       engineCalls: res.stats.engineCalls,
-      meanBatchSize: res.stats.meanBatchSize,
+      meanDecodeBatch: res.stats.meanDecodeBatch,
     },
   };
 }

@@ -265,7 +265,7 @@ export class Trainer {
     row["throughput/sample_tokens_per_s"] = stats.tokensSampled / Math.max(stats.seconds, 1e-9);
 
     row["rollout/engine_calls"] = stats.engineCalls;
-    row["rollout/mean_batch_size"] = stats.meanBatchSize;
+    row["rollout/mean_decode_batch"] = stats.meanDecodeBatch;
 
     // ---- stale-data guard
     row["rollout/stale_turns"] = checkStaleness(episodes, this.versions, {
