@@ -334,6 +334,12 @@ const Train = z
     roundRobinEvery: posInt()
       .default(1)
       .describe("agent-by-agent: iterations each agent trains before the next one"),
+    turns: z
+      .array(z.array(name()).min(1, { error: "expected at least one agent id" }))
+      .optional()
+      .describe(
+        "agent-by-agent: the turns of the round robin, each a list of agents whose adapters update together (e.g. [[s1, s2], [agg]]: both solvers, then the aggregator; an agent in no turn does not update); default: one turn per adapter, in profile order",
+      ),
     deterministic: z
       .boolean({ error: "expected true or false" })
       .default(true)
@@ -470,6 +476,17 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
       });
     });
   }
+  c.train.turns?.forEach((turn, k) => {
+    turn.forEach((id, m) => {
+      if (!ids.has(id))
+        ctx.addIssue({
+          code: "custom",
+          path: ["train", "turns", k, m],
+          message: `unknown agent "${id}"`,
+          input: id,
+        });
+    });
+  });
   if (Array.isArray(c.algo.normalize)) {
     c.algo.normalize.forEach((id, k) => {
       if (!ids.has(id))

@@ -121,8 +121,16 @@ export function updatingAdapters(c: RunConfig, it: number): string[] {
     .map((a) => a.id);
   if (trainable.length === 0) return [];
   if (c.train.schedule === "joint") return trainable;
-  const turn = Math.floor((it - warmup) / c.train.roundRobinEvery) % trainable.length;
-  return [trainable[turn]!];
+  // A turn may hold several agents (e.g. parallel solvers that learn together before their
+  // aggregator); an agent that shares an adapter names its owner's adapter.
+  const turns =
+    c.train.turns?.map((ids) =>
+      [...new Set(ids.map((id) => adapterOf(c.agents.find((a) => a.id === id)!)))].filter((adapter) =>
+        trainable.includes(adapter),
+      ),
+    ) ?? trainable.map((adapter) => [adapter]);
+  const turn = Math.floor((it - warmup) / c.train.roundRobinEvery) % turns.length;
+  return turns[turn]!;
 }
 
 /** Task indices of the endless stream: epoch e is a permutation drawn from (seed, e) alone. */
