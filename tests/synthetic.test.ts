@@ -152,20 +152,112 @@ describe("synthetic tasks", () => {
     expect(env.takeRewards()).toEqual({ A: 0, B: 0 });
   });
 
-  it("parallel-vote: solvers concurrently, the aggregator must combine both bits", async () => {
+  it("parallel-vote: solvers concurrently, each with its own pair; the aggregator combines both bits", async () => {
     const env = new VoteEnv(voteTeam, voteEdges, { match: "exact" });
     await env.reset({ id: "t", bits: [1, 0] }, 0);
     expect(env.ready()).toEqual(["s1", "s2"]);
-    await Promise.all([env.act("s2", "0"), env.act("s1", "0")]);
-    expect(env.observe("agg")[1]!.content).toBe("letter?\n\ns1: 0\ns2: 0");
-    await env.act("agg", "c"); // bits 10 -> index 2 -> "c"
-    expect(env.info()).toMatchObject({ correct: true, expected: "c", roleRewards: { s1: 0, s2: 1 } });
-    // repeat fills a solver's prompt with its bit; a bad value is refused by name
-    const rep = new VoteEnv(voteTeam, voteEdges, { repeat: 4 });
-    await rep.reset({ id: "t", bits: [1, 0] }, 0);
-    expect(rep.observe("s1")[1]!.content).toBe("bit: 1111");
-    expect(rep.observe("s2")[1]!.content).toBe("bit: 0000");
+    // solver 1 says its bit with a/b, solver 2 with c/d
+    expect(env.observe("s1")[1]!.content).toBe("letter: b");
+    expect(env.observe("s2")[1]!.content).toBe("letter: c");
+    await Promise.all([env.act("s2", "cx"), env.act("s1", "a")]);
+    expect(env.observe("agg")[1]!.content).toBe("letter?\n\ns1: a\ns2: cx");
+    await env.act("agg", "c"); // bits 10 -> letter number 2 -> "c"
+    expect(env.terminated).toBe(true);
+    expect(env.takeRewards()).toEqual({ s1: 1, s2: 1, agg: 1 });
+    expect(env.info()).toMatchObject({
+      correct: true,
+      score: 1,
+      expected: "c",
+      bitsRight: 2,
+      // s1 said the other letter of its pair: penalised; s2's first character states its letter
+      roleRewards: { s1: -1, s2: 1 },
+    });
+  });
+
+  it("parallel-vote: each bit the answer gets right earns 1/n; a non-letter earns nothing", async () => {
+    const rewardFor = async (bits: number[], answer: string) => {
+      const env = new VoteEnv(voteTeam, voteEdges, { match: "exact" });
+      await env.reset({ id: "t", bits }, 0);
+      await Promise.all([env.act("s1", "?"), env.act("s2", "?")]);
+      await env.act("agg", answer);
+      return env.info();
+    };
+    expect(await rewardFor([1, 1], "d")).toMatchObject({ teamReward: 1, correct: true });
+    expect(await rewardFor([1, 1], "c")).toMatchObject({ teamReward: 0.5, correct: false, bitsRight: 1 });
+    expect(await rewardFor([1, 1], "b")).toMatchObject({ teamReward: 0.5, bitsRight: 1 });
+    expect(await rewardFor([1, 1], "a")).toMatchObject({ teamReward: 0, bitsRight: 0 });
+    expect(await rewardFor([0, 1], "z")).toMatchObject({ teamReward: 0 });
+    // class matching: "y" (121 % 4 === 97 % 4) answers "a"; special tokens are no character
+    const cls = new VoteEnv(voteTeam, voteEdges);
+    await cls.reset({ id: "t", bits: [0, 0] }, 0);
+    await Promise.all([cls.act("s1", "<|pad|>"), cls.act("s2", "<|endoftext|>")]);
+    await cls.act("agg", "y");
+    expect(cls.info()).toMatchObject({ teamReward: 1, roleRewards: { s1: 0, s2: 0 } });
+  });
+
+  it("parallel-vote: an aggregator that ignores the solvers earns at most 1/2 (and all bits 1/4)", async () => {
+    // Every fixed answer, averaged over the four equally likely bit pairs.
+    for (const answer of ["a", "b", "c", "d"]) {
+      let reward = 0;
+      let correct = 0;
+      for (const bits of [
+        [0, 0],
+        [0, 1],
+        [1, 0],
+        [1, 1],
+      ]) {
+        const env = new VoteEnv(voteTeam, voteEdges);
+        await env.reset({ id: "t", bits }, 0);
+        await Promise.all([env.act("s1", ""), env.act("s2", "")]);
+        await env.act("agg", answer);
+        reward += (env.info()["teamReward"] as number) / 4;
+        correct += env.info()["correct"] ? 1 / 4 : 0;
+      }
+      expect(reward).toBe(0.5);
+      expect(correct).toBe(0.25);
+    }
+  });
+
+  it("parallel-vote: solverChars, repeat and solvers; bad values are refused by name", async () => {
+    const env = new VoteEnv(voteTeam, voteEdges, { repeat: 4, solverChars: 4 });
+    await env.reset({ id: "t", bits: [0, 1] }, 0);
+    expect(env.observe("s1")[1]!.content).toBe("letter: aaaa");
+    expect(env.observe("s2")[1]!.content).toBe("letter: dddd");
+    // class matching over abcd: "e" is in a's class, "b" the other letter (a penalty), "x" (120 % 4 ===
+    // 100 % 4) in d's class: no letter of solver 1's pair, one of solver 2's
+    await Promise.all([env.act("s1", "aebx"), env.act("s2", "dxd")]);
+    await env.act("agg", "b");
+    expect(env.info()).toMatchObject({ correct: true, roleRewards: { s1: 0.25, s2: 0.75 } });
+    // penalty weighs the other letter's share: 0.5 -> s1 earns 2/4 - 0.5 * 1/4
+    const half = new VoteEnv(voteTeam, voteEdges, { solverChars: 4, penalty: 0.5 });
+    await half.reset({ id: "t", bits: [0, 1] }, 0);
+    await Promise.all([half.act("s1", "aebx"), half.act("s2", "dxd")]);
+    await half.act("agg", "b");
+    expect(half.info()).toMatchObject({ roleRewards: { s1: 0.375, s2: 0.75 } });
+    expect(() => new VoteEnv(voteTeam, voteEdges, { penalty: 2 })).toThrow(/parallel-vote\.penalty/);
+    const trio = [agent("s1"), agent("s2"), agent("s3"), agent("agg", "aggregator")];
+    const edges3: GraphSpec = {
+      kind: "edges",
+      edges: [
+        ["s1", "agg"],
+        ["s2", "agg"],
+        ["s3", "agg"],
+      ],
+    };
+    const three = new VoteEnv(trio, edges3, { solvers: 3, match: "exact" });
+    await three.reset({ id: "t", bits: [1, 0, 1] }, 0);
+    expect(three.observe("s3")[1]!.content).toBe("letter: f");
+    await Promise.all([three.act("s1", "b"), three.act("s2", "c"), three.act("s3", "f")]);
+    await three.act("agg", "f"); // 101 -> letter number 5
+    expect(three.info()).toMatchObject({ correct: true, roleRewards: { s1: 1, s2: 1, s3: 1 } });
+    expect(voteSuite({ solvers: 3 }).train.every((t) => t.bits.length === 3)).toBe(true);
     expect(() => new VoteEnv(voteTeam, voteEdges, { repeat: 0 })).toThrow(/parallel-vote\.repeat/);
+    expect(() => new VoteEnv(voteTeam, voteEdges, { solverChars: 1.5 })).toThrow(
+      /parallel-vote\.solverChars/,
+    );
+    expect(() => new VoteEnv(voteTeam, voteEdges, { solvers: 3 })).toThrow(
+      "expected at least 4 agents, got 3",
+    );
   });
 
   it("orchestrated: the orchestrator's output routes to a worker that sees it", async () => {

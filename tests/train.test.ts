@@ -75,6 +75,24 @@ describe("schedules and data order (pure)", () => {
     expect(updatingAdapters(frozen, 0)).toEqual(["speaker"]);
   });
 
+  it("agent-by-agent turns: agents of one turn update together; a shared adapter is its owner's", () => {
+    const vote = join(import.meta.dirname, "..", "configs", "tiny-vote.yaml");
+    const grouped = loadRunConfig(vote, ["train.roundRobinEvery=2"]);
+    expect(grouped.train.turns).toEqual([["s1", "s2"], ["agg"]]);
+    expect([0, 1, 2, 3, 4].map((i) => updatingAdapters(grouped, i))).toEqual([
+      ["s1", "s2"],
+      ["s1", "s2"],
+      ["agg"],
+      ["agg"],
+      ["s1", "s2"],
+    ]);
+    const shared = loadRunConfig(vote, ['agents[1].adapter={"shared":"s1"}']);
+    expect(updatingAdapters(shared, 0)).toEqual(["s1"]);
+    expect(() => loadRunConfig(vote, ['train.turns=[["s1","nobody"]]'])).toThrow(
+      'train.turns[0][1]: unknown agent "nobody"',
+    );
+  });
+
   it("the task stream visits every task once per epoch, reproducibly", () => {
     const a = tasksAt(3, 10, 0, 30);
     expect(tasksAt(3, 10, 0, 30)).toEqual(a);

@@ -55,6 +55,16 @@ function firstChar(answer: string): string | undefined {
   return first === "\uFFFD" ? undefined : first;
 }
 
+/**
+ * `text` with every special token's markup (`<|endoftext|>`, `<|pad|>`, ...) replaced by U+FFFD, one
+ * character that matches nothing. The engine returns such tokens as their text; judged character by
+ * character, one sampled token would count as a dozen characters, most of them in one class mod 4
+ * ('<', '|', 'p', 'd'), a cheap attractor for that class.
+ */
+export function withoutSpecialTokens(text: string): string {
+  return text.replace(/<\|[^|<>]*\|>/g, "\uFFFD");
+}
+
 /** Whether `answer` states `expected` under the matching mode (first character only). */
 export function matches(answer: string, expected: string, letters: string, mode: MatchMode): boolean {
   const first = firstChar(answer);

@@ -1,38 +1,60 @@
-// `parallel-vote`: n solvers (all agents but the last) act concurrently; each sees one bit of the
-// answer. The aggregator (the last agent) sees the solvers' actions and must state the letter the
-// bits encode: letters[b_1 b_2 ... b_n in binary], so it needs every solver. Use a graph where the
-// solvers do not see each other and the aggregator sees them all, e.g.
-// `{ kind: "edges", edges: [["s1", "agg"], ["s2", "agg"]] }` (a sequential graph works too).
+// `parallel-vote`: n solvers (all agents but the last) act concurrently; solver i sees one bit b_i as
+// a letter of its OWN pair, letters[2i + b_i] (solver 1: a/b, solver 2: c/d, ...). The aggregator (the
+// last agent) sees the solvers' actions and must state the letter the bits encode, answer letter
+// number b_1 b_2 ... b_n in binary ("a" for 00, "b" for 01, "c" for 10, "d" for 11), so it needs
+// every solver. Use a graph where the solvers do not see each other and the aggregator sees them all,
+// e.g. `{ kind: "edges", edges: [["s1", "agg"], ["s2", "agg"]] }` (a sequential graph works too).
 //
-// Team reward: 1 when the aggregator's first character states the letter (common.ts matching).
-// Per-role rewards (info().roleRewards): for each solver role, 1 when its first character reports its
-// bit (char code parity = bit in "class" mode, the digit "0"/"1" in "exact" mode), else 0.
+// Why a pair of letters per solver: a random-init model behaves roughly like a mean of its context's
+// embeddings, so it cannot tell WHICH solver said what, only which characters were said. With one
+// alphabet for all solvers (each says "0" or "1"), bits 01 and 10 look the same to it; with a pair
+// per solver, each bit of the answer is a presence test (did someone say a or b?), which it can learn
+// as the `secret` listener does.
+//
+// Matching (common.ts): solvers over their 2n letters ("class": char code mod 2n, so the pairs'
+// classes are disjoint too), the aggregator over the 2^n answer letters. Special tokens' text
+// (`<|endoftext|>`) counts as one character that matches nothing.
+// Team reward: the share of the n bits the aggregator's answer gets right (its class read as n bits;
+// no letter: 0); info().correct when all are. An aggregator that ignores the solvers gets each bit
+// right with probability at most 1/2, so at most 1/2 in expectation, and all n right at most 1/2^n.
+// Per-role rewards (info().roleRewards), for each solver role: the share of its first `solverChars`
+// characters that state its letter MINUS `penalty` (default 1) times the share that state the other
+// letter of its pair. Without the penalty a solver that always says one letter earns 1/2 and tends
+// to settle there (it learns its pair long before it learns to read its bit); with it, that solver
+// earns 0 in expectation, no more than one saying nothing, so the only way up is to read the bit
+// (the price: with no unconditional signal left, a solver can also fail to get started;
+// configs/tiny-vote.yaml has the measured seeds).
 import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
 import {
-  classOf,
   generateTasks,
   type MatchMode,
   matches,
+  matchFraction,
   SyntheticEnv,
   type SyntheticOptions,
+  withoutSpecialTokens,
 } from "./common.ts";
 
 export interface VoteTask {
   id: string;
-  /** One bit per solver. */
+  /** One bit per solver: solver i sees letters[2i + bits[i]]. */
   bits: number[];
 }
 
 export interface VoteOptions extends Omit<SyntheticOptions, "letters"> {
-  /** Number of solvers (default 2); the answer has 2^solvers letters. */
+  /** Number of solvers (default 2); they use the first 2n letters, the answer the first 2^n. */
   solvers?: number;
-  /** How many times a solver's prompt repeats its bit (default 1); see SecretOptions.repeat. */
+  /** How many times a solver's prompt repeats its letter (default 1); see SecretOptions.repeat. */
   repeat?: number;
+  /** A solver's shaping reward counts this many of its characters (default 1: the first only). */
+  solverChars?: number;
+  /** Weight of the other-letter share subtracted from a solver's shaping reward (default 1). */
+  penalty?: number;
 }
 
-/** The 2^n answer letters: "a", "b", ... (consecutive, so "class" matching is well defined). */
-export function voteLetters(solvers: number): string {
-  return Array.from({ length: 2 ** solvers }, (_, i) => String.fromCharCode(97 + i)).join("");
+/** The first `count` letters: "a", "b", ... (consecutive, so "class" matching is well defined). */
+export function voteLetters(count: number): string {
+  return Array.from({ length: count }, (_, i) => String.fromCharCode(97 + i)).join("");
 }
 
 export function voteTasks(opts: VoteOptions = {}): { train: VoteTask[]; eval: VoteTask[] } {
@@ -43,11 +65,22 @@ export function voteTasks(opts: VoteOptions = {}): { train: VoteTask[]; eval: Vo
   }));
 }
 
+function positiveInt(name: string, value: number | undefined, fallback: number): number {
+  const x = value ?? fallback;
+  if (!Number.isInteger(x) || x < 1) {
+    throw new Error(`parallel-vote.${name}: expected a positive integer, got ${value}`);
+  }
+  return x;
+}
+
 export class VoteEnv extends SyntheticEnv<VoteTask> {
-  private readonly letters: string;
+  private readonly solverLetters: string;
+  private readonly answerLetters: string;
   private readonly match: MatchMode;
   private readonly solvers: AgentId[];
   private readonly repeat: number;
+  private readonly solverChars: number;
+  private readonly penalty: number;
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: VoteOptions = {}) {
     const n = opts.solvers ?? 2;
@@ -58,17 +91,25 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
     if (agents.length !== n + 1) {
       throw new Error(`parallel-vote: expected ${n} solvers and 1 aggregator, got ${agents.length} agents`);
     }
-    this.letters = voteLetters(n);
+    this.solverLetters = voteLetters(2 * n);
+    this.answerLetters = voteLetters(2 ** n);
     this.match = opts.match ?? "class";
     this.solvers = agents.slice(0, n).map((a) => a.id);
-    this.repeat = opts.repeat ?? 1;
-    if (!Number.isInteger(this.repeat) || this.repeat < 1) {
-      throw new Error(`parallel-vote.repeat: expected a positive integer, got ${opts.repeat}`);
+    this.repeat = positiveInt("repeat", opts.repeat, 1);
+    this.solverChars = positiveInt("solverChars", opts.solverChars, 1);
+    this.penalty = opts.penalty ?? 1;
+    if (!(this.penalty >= 0 && this.penalty <= 1)) {
+      throw new Error(`parallel-vote.penalty: expected a number in [0, 1], got ${opts.penalty}`);
     }
   }
 
   private get aggregator(): AgentId {
     return this.specs[this.specs.length - 1]!.id;
+  }
+
+  /** Solver i's letter for bit b. */
+  private letter(i: number, b: number): string {
+    return this.solverLetters[2 * i + b]!;
   }
 
   protected start(task: VoteTask): void {
@@ -79,27 +120,28 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
     }
     const texts: Record<AgentId, string> = { [this.aggregator]: "letter?" };
     this.solvers.forEach((s, i) => {
-      texts[s] = `bit: ${String(task.bits[i]).repeat(this.repeat)}`;
+      texts[s] = `letter: ${this.letter(i, task.bits[i]!).repeat(this.repeat)}`;
     });
     this.team.reset(texts);
   }
 
   protected afterAct(): void {
     if (!this.team.stepComplete()) return;
-    const task = this.task!;
-    const expected = this.letters[task.bits.reduce((acc, b) => acc * 2 + b, 0)]!;
-    const answer = this.team.actionOf(this.aggregator) ?? "";
-    const right = matches(answer, expected, this.letters, this.match);
+    const bits = this.task!.bits;
+    const n = bits.length;
+    const expected = this.answerLetters[bits.reduce((acc, b) => acc * 2 + b, 0)]!;
+    const answer = withoutSpecialTokens(this.team.actionOf(this.aggregator) ?? "");
+    // The index of the letter the answer states, read as n bits (most significant: solver 1).
+    const k = [...this.answerLetters].findIndex((l) => matches(answer, l, this.answerLetters, this.match));
+    const rightBits = k < 0 ? 0 : bits.filter((b, i) => ((k >> (n - 1 - i)) & 1) === b).length;
     const roleRewards: Record<string, number> = {};
     this.solvers.forEach((s, i) => {
-      const said = this.team.actionOf(s) ?? "";
-      const ok =
-        this.match === "exact"
-          ? said.trimStart()[0] === String(task.bits[i])
-          : classOf(said, 2) === task.bits[i];
-      roleRewards[this.team.role(s)] = ok ? 1 : 0;
+      const said = withoutSpecialTokens(this.team.actionOf(s) ?? "");
+      const share = (l: string) => matchFraction(said, l, this.solverLetters, this.match, this.solverChars);
+      roleRewards[this.team.role(s)] =
+        share(this.letter(i, bits[i]!)) - this.penalty * share(this.letter(i, 1 - bits[i]!));
     });
-    this.end(right ? 1 : 0, { expected, answer }, roleRewards);
+    this.end(rightBits / n, { expected, answer, bitsRight: rightBits }, roleRewards);
   }
 }
 
