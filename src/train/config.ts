@@ -463,30 +463,21 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
         input: 0,
       });
   });
-  if (c.graph.kind === "edges") {
-    c.graph.edges.forEach((e, k) => {
-      e.forEach((id, m) => {
+  // Agent ids in lists of lists (graph edges, train turns) must name agents of the team.
+  const knownIds = (lists: ReadonlyArray<readonly string[]>, path: Array<string | number>) =>
+    lists.forEach((list, k) => {
+      list.forEach((id, m) => {
         if (!ids.has(id))
           ctx.addIssue({
             code: "custom",
-            path: ["graph", "edges", k, m],
+            path: [...path, k, m],
             message: `unknown agent "${id}"`,
             input: id,
           });
       });
     });
-  }
-  c.train.turns?.forEach((turn, k) => {
-    turn.forEach((id, m) => {
-      if (!ids.has(id))
-        ctx.addIssue({
-          code: "custom",
-          path: ["train", "turns", k, m],
-          message: `unknown agent "${id}"`,
-          input: id,
-        });
-    });
-  });
+  if (c.graph.kind === "edges") knownIds(c.graph.edges, ["graph", "edges"]);
+  knownIds(c.train.turns ?? [], ["train", "turns"]);
   if (Array.isArray(c.algo.normalize)) {
     c.algo.normalize.forEach((id, k) => {
       if (!ids.has(id))
