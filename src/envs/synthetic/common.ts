@@ -65,6 +65,19 @@ export function withoutSpecialTokens(text: string): string {
   return text.replace(/<\|[^|<>]*\|>/g, "\uFFFD");
 }
 
+/** A task option that must be a positive integer: `value`, or `fallback` when absent. */
+export function positiveIntOption(
+  task: string,
+  name: string,
+  value: number | undefined,
+  fallback: number,
+): number {
+  const x = value ?? fallback;
+  if (!Number.isInteger(x) || x < 1)
+    throw new Error(`${task}.${name}: expected a positive integer, got ${value}`);
+  return x;
+}
+
 /** Whether `answer` states `expected` under the matching mode (first character only). */
 export function matches(answer: string, expected: string, letters: string, mode: MatchMode): boolean {
   const first = firstChar(answer);

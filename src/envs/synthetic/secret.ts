@@ -25,6 +25,7 @@ import {
   matches,
   matchFraction,
   pick,
+  positiveIntOption,
   resolveLetters,
   SyntheticEnv,
   type SyntheticOptions,
@@ -64,18 +65,9 @@ export class SecretEnv extends SyntheticEnv<SecretTask> {
     super(agents, graph, 2, "secret");
     this.letters = resolveLetters(opts.letters);
     this.match = opts.match ?? "class";
-    this.attempts = opts.attempts ?? 1;
-    this.repeat = opts.repeat ?? 1;
-    this.speakerChars = opts.speakerChars ?? 1;
-    if (!Number.isInteger(this.repeat) || this.repeat < 1) {
-      throw new Error(`secret.repeat: expected a positive integer, got ${opts.repeat}`);
-    }
-    if (!Number.isInteger(this.speakerChars) || this.speakerChars < 1) {
-      throw new Error(`secret.speakerChars: expected a positive integer, got ${opts.speakerChars}`);
-    }
-    if (!Number.isInteger(this.attempts) || this.attempts < 1) {
-      throw new Error(`secret.attempts: expected a positive integer, got ${opts.attempts}`);
-    }
+    this.attempts = positiveIntOption("secret", "attempts", opts.attempts, 1);
+    this.repeat = positiveIntOption("secret", "repeat", opts.repeat, 1);
+    this.speakerChars = positiveIntOption("secret", "speakerChars", opts.speakerChars, 1);
   }
 
   private get speaker(): AgentId {

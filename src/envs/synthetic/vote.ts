@@ -30,6 +30,7 @@ import {
   type MatchMode,
   matches,
   matchFraction,
+  positiveIntOption,
   SyntheticEnv,
   type SyntheticOptions,
   withoutSpecialTokens,
@@ -65,14 +66,6 @@ export function voteTasks(opts: VoteOptions = {}): { train: VoteTask[]; eval: Vo
   }));
 }
 
-function positiveInt(name: string, value: number | undefined, fallback: number): number {
-  const x = value ?? fallback;
-  if (!Number.isInteger(x) || x < 1) {
-    throw new Error(`parallel-vote.${name}: expected a positive integer, got ${value}`);
-  }
-  return x;
-}
-
 export class VoteEnv extends SyntheticEnv<VoteTask> {
   private readonly solverLetters: string;
   private readonly answerLetters: string;
@@ -95,8 +88,8 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
     this.answerLetters = voteLetters(2 ** n);
     this.match = opts.match ?? "class";
     this.solvers = agents.slice(0, n).map((a) => a.id);
-    this.repeat = positiveInt("repeat", opts.repeat, 1);
-    this.solverChars = positiveInt("solverChars", opts.solverChars, 1);
+    this.repeat = positiveIntOption("parallel-vote", "repeat", opts.repeat, 1);
+    this.solverChars = positiveIntOption("parallel-vote", "solverChars", opts.solverChars, 1);
     this.penalty = opts.penalty ?? 1;
     if (!(this.penalty >= 0 && this.penalty <= 1)) {
       throw new Error(`parallel-vote.penalty: expected a number in [0, 1], got ${opts.penalty}`);
