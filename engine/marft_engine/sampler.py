@@ -177,7 +177,7 @@ class Running:
             self._relayout(n + len(rows), lo - max(SLACK, (self.end - lo) // 2), kv)
         elif n + len(rows) > self.slots:
             self._relayout(n + len(rows), lo, kv)
-        start = self.start
+        start = self.start  # in the new columns if re-laid out
         lo = min(start, self.end - longest)
         if lo < start:  # the live rows' new padding columns must be finite (class docstring)
             for layer in self.layers:
@@ -609,8 +609,9 @@ class Sampler:
             idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_max(V - 1)  # [F, 1]
             for i, t in zip(full, idx[:, 0].tolist(), strict=True):
                 chosen[i] = t
-                sampler_lp[i] = float(logp[i, t])
         picked = logp.gather(1, torch.tensor(chosen, device=logits.device)[:, None]).squeeze(1).tolist()
+        for i in full:  # their sampler is the tempered policy itself
+            sampler_lp[i] = picked[i]
         eos = set(base.eos_ids)
         for i, r in enumerate(rows):
             t = chosen[i]
