@@ -1,0 +1,111 @@
+// The same program: three short deterministic CPU runs (MARFT-A with an agent-by-agent schedule,
+// MARFT-T with minibatches, entropy and a KL penalty, critic-free with grouped turns) must write the
+// metrics.jsonl recorded in tests/fixtures/golden/, except the time/* and throughput/* columns.
+// The fixtures were recorded before the restructuring of issue 12; a refactor must not move them.
+// A deliberate change of behaviour re-records them (MARFT_UPDATE_GOLDEN=1 npx vitest run
+// tests/golden.test.ts) and says why in its commit.
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+
+const ROOT = join(import.meta.dirname, "..");
+const FIXTURES = join(import.meta.dirname, "fixtures", "golden");
+const UPDATE = process.env["MARFT_UPDATE_GOLDEN"] === "1";
+
+const RUNS: Record<string, string[]> = {
+  "marft-a": [
+    "configs/tiny-secret.yaml",
+    ...["train.iterations=5", "train.tasksPerIter=8", "train.roundRobinEvery=2", "eval.n=8"],
+    "train.checkpointEvery=0",
+  ],
+  "marft-t": [
+    "configs/tiny-secret.yaml",
+    ...["algo.estimator=marft-t", "train.schedule=joint", "train.iterations=4", "train.tasksPerIter=8"],
+    ...[
+      "ppo.minibatches=2",
+      "ppo.entropyCoef=0.01",
+      "ppo.klCoef=0.05",
+      "eval.n=8",
+      "train.checkpointEvery=0",
+    ],
+  ],
+  "critic-free": [
+    "configs/tiny-vote.yaml",
+    ...["train.iterations=4", "train.tasksPerIter=8", "train.roundRobinEvery=2", "algo.groupStd=true"],
+    "eval.n=8",
+  ],
+};
+
+type Row = Record<string, unknown>;
+
+const comparable = (rows: Row[]): Row[] =>
+  rows.map((r) =>
+    Object.fromEntries(
+      Object.entries(r).filter(([k]) => !k.startsWith("time/") && !k.startsWith("throughput/")),
+    ),
+  );
+
+const readJsonl = (file: string): Row[] =>
+  readFileSync(file, "utf8")
+    .split("\n")
+    .filter((l) => l.trim() !== "")
+    .map((l) => JSON.parse(l) as Row);
+
+function train(
+  config: string,
+  sets: string[],
+  runDir: string,
+): Promise<{ code: number | null; out: string }> {
+  const args = [join(ROOT, "bin", "marft.mjs"), "train", config, "--quiet", "--run-dir", runDir];
+  for (const s of sets) args.push("--set", s);
+  const child = spawn(process.execPath, args, {
+    cwd: ROOT,
+    env: { ...process.env, ...TEST_ENGINE_ENV },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  child.stderr.on("data", (d) => (out += d));
+  return new Promise((resolve) => child.on("exit", (code) => resolve({ code, out })));
+}
+
+/** Same keys; numbers equal up to 1e-9 relative (bit-identical on one machine; a little room for another CPU's kernels). */
+function expectSameRows(got: Row[], want: Row[], what: string): void {
+  expect(got.length, `${what}: iterations`).toBe(want.length);
+  got.forEach((g, i) => {
+    expect(Object.keys(g).sort(), `${what}: keys of iteration ${i + 1}`).toEqual(
+      Object.keys(want[i]!).sort(),
+    );
+    for (const [k, w] of Object.entries(want[i]!)) {
+      const v = g[k];
+      if (typeof w === "number" && typeof v === "number") {
+        const tol = 1e-9 * Math.max(1, Math.abs(w));
+        expect(Math.abs(v - w), `${what}: iteration ${i + 1} ${k} = ${v}, recorded ${w}`).toBeLessThanOrEqual(
+          tol,
+        );
+      } else expect(v, `${what}: iteration ${i + 1} ${k}`).toEqual(w);
+    }
+  });
+}
+
+describe("golden runs: the restructured program writes the recorded metrics", () => {
+  const tmp = mkdtempSync(join(tmpdir(), "marft-golden-"));
+  for (const [name, [config, ...sets]] of Object.entries(RUNS)) {
+    it(name, async () => {
+      const runDir = join(tmp, name);
+      const r = await train(join(ROOT, config!), sets, runDir);
+      expect(r.code, r.out).toBe(0);
+      const got = comparable(readJsonl(join(runDir, "metrics.jsonl")));
+      const fixture = join(FIXTURES, `${name}.jsonl`);
+      if (UPDATE || !existsSync(fixture)) {
+        if (!UPDATE) throw new Error(`${fixture} is missing: record it with MARFT_UPDATE_GOLDEN=1`);
+        writeFileSync(fixture, got.map((row) => `${JSON.stringify(row)}\n`).join(""));
+        return;
+      }
+      expectSameRows(got, readJsonl(fixture), name);
+    });
+  }
+});
