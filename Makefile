@@ -40,11 +40,11 @@ lint: setup
 # the TS client's types are generated from it. check-openapi fails when they drift.
 openapi: $(VENV_STAMP)
 	$(VPY) -m marft_engine.openapi engine/openapi.json
-	npx openapi-typescript engine/openapi.json -o src/client/openapi.d.ts
+	npx openapi-typescript engine/openapi.json --default-non-nullable false -o src/client/openapi.d.ts
 
 check-openapi: setup
 	$(VPY) -m marft_engine.openapi --check engine/openapi.json
-	npx openapi-typescript engine/openapi.json -o /tmp/marft-openapi.d.ts
+	npx openapi-typescript engine/openapi.json --default-non-nullable false -o /tmp/marft-openapi.d.ts
 	diff -q /tmp/marft-openapi.d.ts src/client/openapi.d.ts || (echo "src/client/openapi.d.ts is stale: run make openapi" && exit 1)
 
 test-py: setup

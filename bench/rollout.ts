@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import type { EngineClient } from "../src/client/client.ts";
+import type { ComputeEngine } from "../src/client/compute.ts";
 import { startLocalEngine } from "../src/client/launcher.ts";
 import { datasetsDir } from "../src/envs/datasets.ts";
 import { loadMathProblems } from "../src/envs/math/data.ts";
@@ -50,7 +50,7 @@ function team(n: number): AgentSpec[] {
 }
 
 async function marftRollout(
-  client: EngineClient,
+  client: ComputeEngine,
   agents: AgentSpec[],
   graph: GraphSpec,
   problems: ReturnType<typeof loadMathProblems>,
@@ -59,7 +59,7 @@ async function marftRollout(
 ): Promise<{ seconds: number; tokens: number }> {
   const run = (maxTokens: number) =>
     rollout({
-      client,
+      engine: client,
       makeEnv: () => new MathEnv(agents, graph, { extract: "last-number" }),
       tasks: problems,
       taskId: (p) => p.id,

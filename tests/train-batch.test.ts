@@ -12,7 +12,7 @@ import {
   teamReward,
   valueDatum,
 } from "../src/train/batch.ts";
-import { Rng } from "../src/train/rng.ts";
+import { Rng } from "../src/rng.ts";
 
 function turn(agent: string, order: number, promptIds: number[], responseIds: number[]): Turn {
   return {

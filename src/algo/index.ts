@@ -1,4 +1,17 @@
 // Credit assignment and statistics: pure functions, no I/O (DESIGN §4).
+export {
+  type Credit,
+  type CreditBatch,
+  type CreditParams,
+  type CreditStep,
+  criticFree,
+  ESTIMATORS,
+  type Estimator,
+  type EstimatorName,
+  marftA,
+  marftT,
+  normalizeCredit,
+} from "./credit.ts";
 export { type GaeResult, actionGae, maskedGae, referenceAgentChainGae, tokenGae } from "./gae.ts";
 export { groupRelative } from "./baselines.ts";
 export { type RewardRouting, routeRewards } from "./rewards.ts";

@@ -4,11 +4,11 @@
 import { existsSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { loadRunConfig } from "../train/config.ts";
+import { loadRunConfig } from "../config/load.ts";
 import { evaluate } from "../train/evaluate.ts";
 import { RunDir } from "../train/rundir.ts";
 import { setupEngine } from "../train/setup.ts";
-import { makeSuite, resolveTaskPaths } from "../train/tasks.ts";
+import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { engineConnector, reportError } from "./train.ts";
 
@@ -101,7 +101,7 @@ export async function evalCommand(args: string[]): Promise<void> {
       }
       const bar = new Progress("eval", tasks.length, { silent: values.quiet });
       const r = await evaluate({
-        client: engine.client,
+        engine: engine.client,
         suite,
         config,
         tasks,

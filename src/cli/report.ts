@@ -1,8 +1,8 @@
 // report.html for a demo run: curves a person would rather look at than read. Plain HTML with inline
 // SVG, no scripts and no external assets, so it opens anywhere, offline.
-import type { RunConfig } from "../train/config.ts";
+import type { RunConfig } from "../config/schema.ts";
 import type { EvalResult } from "../train/evaluate.ts";
-import type { MetricsRow } from "../train/trainer.ts";
+import type { MetricsRow } from "../train/phases.ts";
 
 interface Job {
   before?: EvalResult;

@@ -3,9 +3,12 @@ import { existsSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { connectEngine, startLocalEngine } from "../client/launcher.ts";
-import { ConfigError, loadRunConfig, type RunConfig } from "../train/config.ts";
-import { makeSuite, resolveTaskPaths } from "../train/tasks.ts";
-import { type EngineHandle, type MetricsRow, type Summary, train } from "../train/trainer.ts";
+import { loadRunConfig } from "../config/load.ts";
+import type { RunConfig } from "../config/schema.ts";
+import { ConfigError } from "../errors.ts";
+import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
+import type { MetricsRow } from "../train/phases.ts";
+import { type EngineHandle, type Summary, train } from "../train/run.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 
 const USAGE = `usage: marft train <config.yaml> [options]

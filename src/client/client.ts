@@ -1,52 +1,39 @@
-// The engine client: one typed method per endpoint of the engine's HTTP API (DESIGN §5).
-// The protocol types come from the generated `openapi.d.ts` (made by `make openapi` from the engine's
-// pydantic models); nothing here re-declares them.
+// The engine client: one typed method per endpoint of the engine's HTTP API (DESIGN §5), the HTTP
+// implementation of `ComputeEngine`. Request and answer types come from the OpenAPI paths
+// (openapi.d.ts, generated from the engine's pydantic models): the HTTP layer knows which body goes
+// to which endpoint and what comes back; the answers the framework relies on are also checked with
+// zod (responses.ts).
 //
-// Failure policy:
+// Failure policy (errors: src/errors.ts):
 // - Every call has a timeout (per client, overridable per call).
 // - A call is retried, with exponential backoff, only when the connection failed. If the failure
 //   means the request never reached the engine (connection refused, DNS failure, connect timeout),
 //   any call is retried. If it may have reached it (connection reset mid-call), only calls that change
 //   nothing on the engine (GETs, sample, forward) are retried: re-sending forward_backward would
 //   accumulate gradients twice, optim_step would step twice.
-// - HTTP errors (4xx/5xx) and timeouts are never retried. They raise `EngineError` carrying the
-//   engine's status, error kind and message (which names the offending field).
+// - No answer (connection failure after the retries, timeout) raises `EngineUnreachableError`; an
+//   HTTP error answer (4xx/5xx) raises `EngineRefusedError` carrying the engine's status, error kind
+//   and message (which names the offending field). Neither is retried.
 import { Agent, fetch, type Response } from "undici";
-import type { components } from "./openapi.d.ts";
+import type { z } from "zod";
+import { EngineError, EngineRefusedError, EngineUnreachableError } from "../errors.ts";
+import type { CallOptions, ComputeEngine, Schemas } from "./compute.ts";
+import type { paths } from "./openapi.d.ts";
+import * as answers from "./responses.ts";
+
+export { EngineError, EngineRefusedError, EngineUnreachableError } from "../errors.ts";
+export type { CallOptions, ComputeEngine, Schemas } from "./compute.ts";
 
 // Node's built-in fetch gives up on any answer that takes over 300 s to start (undici's
 // headersTimeout), and a long sample or training call on CPU can. Our own AbortSignal timeout is the
 // only limit we want, so this dispatcher has none of its own.
 const NO_IDLE_LIMITS = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 
-export type Schemas = components["schemas"];
-
-/**
- * A request body as a caller writes it. The generator marks fields that have a server-side default as
- * required (openapi-typescript's defaultNonNullable), so at the type level every field is optional;
- * the engine validates the body and answers 422 naming any missing or wrong field.
- */
-export type Input<T> = T extends readonly (infer U)[]
-  ? Input<U>[]
-  : T extends object
-    ? { [K in keyof T]?: Input<T[K]> }
-    : T;
-
-export class EngineError extends Error {
-  constructor(
-    /** HTTP status; 0 when no response came (connection failure or timeout). */
-    readonly status: number,
-    /** The engine's error kind (bad_request, not_found, internal, unauthorized, ...), or connection / timeout. */
-    readonly kind: string,
-    /** The engine's message, naming the field when it is about a field. */
-    readonly engineMessage: string,
-    /** e.g. "POST /v1/sample". */
-    readonly endpoint: string,
-  ) {
-    super(`${endpoint}: ${status ? `${status} ${kind}: ` : `${kind}: `}${engineMessage}`);
-    this.name = "EngineError";
-  }
-}
+type Method = "get" | "post" | "delete";
+/** The operation at `path` for `method`, as the OpenAPI document describes it. */
+type Operation<P extends keyof paths, M extends Method> = NonNullable<paths[P][M]>;
+type RequestBody<O> = O extends { requestBody: { content: { "application/json": infer B } } } ? B : undefined;
+type Answer<O> = O extends { responses: { 200: { content: { "application/json": infer R } } } } ? R : never;
 
 export interface EngineClientOptions {
   /** Base URL, e.g. http://127.0.0.1:8123 (no trailing /v1). */
@@ -58,11 +45,6 @@ export interface EngineClientOptions {
   /** Retries after a connection failure (default 4), with backoff starting at `backoffMs` (default 200). */
   retries?: number;
   backoffMs?: number;
-}
-
-export interface CallOptions {
-  timeoutMs?: number;
-  signal?: AbortSignal;
 }
 
 /** Error codes that mean the request never left this machine or never got a connection. */
@@ -92,7 +74,7 @@ function errorCode(e: unknown): string | undefined {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-export class EngineClient {
+export class EngineClient implements ComputeEngine {
   readonly url: string;
   private readonly token: string;
   private readonly timeoutMs: number;
@@ -108,78 +90,98 @@ export class EngineClient {
   }
 
   health(o?: CallOptions): Promise<Schemas["Health"]> {
-    return this.call("GET", "/v1/health", undefined, true, o);
+    return this.call("get", "/v1/health", undefined, true, o);
   }
 
   stats(o?: CallOptions): Promise<Schemas["Stats"]> {
-    return this.call("GET", "/v1/stats", undefined, true, o);
+    return this.call("get", "/v1/stats", undefined, true, o, answers.Stats);
   }
 
   listBases(o?: CallOptions): Promise<Schemas["BaseList"]> {
-    return this.call("GET", "/v1/bases", undefined, true, o);
+    return this.call("get", "/v1/bases", undefined, true, o, answers.BaseList);
   }
 
-  createBase(body: Input<Schemas["BaseCreate"]>, o?: CallOptions): Promise<Schemas["BaseInfo"]> {
-    return this.call("POST", "/v1/bases", body, false, o);
+  createBase(body: Schemas["BaseCreate"], o?: CallOptions): Promise<Schemas["BaseInfo"]> {
+    return this.call("post", "/v1/bases", body, false, o);
   }
 
   listAdapters(o?: CallOptions): Promise<Schemas["AdapterList"]> {
-    return this.call("GET", "/v1/adapters", undefined, true, o);
+    return this.call("get", "/v1/adapters", undefined, true, o, answers.AdapterList);
   }
 
-  createAdapter(body: Input<Schemas["AdapterCreate"]>, o?: CallOptions): Promise<Schemas["AdapterInfo"]> {
-    return this.call("POST", "/v1/adapters", body, false, o);
+  createAdapter(body: Schemas["AdapterCreate"], o?: CallOptions): Promise<Schemas["AdapterInfo"]> {
+    return this.call("post", "/v1/adapters", body, false, o);
   }
 
   deleteAdapter(name: string, o?: CallOptions): Promise<Schemas["AdapterInfo"]> {
-    return this.call("DELETE", `/v1/adapters/${encodeURIComponent(name)}`, undefined, false, o);
+    const path = `/v1/adapters/${encodeURIComponent(name)}` as "/v1/adapters/{name}";
+    return this.call("delete", path, undefined, false, o);
   }
 
   /** Sampling changes no weights, so it is safe to re-send after a broken connection. */
-  sample(body: Input<Schemas["SampleBatch"]>, o?: CallOptions): Promise<Schemas["SampleResponse"]> {
-    return this.call("POST", "/v1/sample", body, true, o);
+  sample(body: Schemas["SampleBatch"], o?: CallOptions): Promise<Schemas["SampleResponse"]> {
+    return this.call("post", "/v1/sample", body, true, o, answers.SampleResponse);
   }
 
-  forward(body: Input<Schemas["ForwardRequest"]>, o?: CallOptions): Promise<Schemas["ForwardResponse"]> {
-    return this.call("POST", "/v1/forward", body, true, o);
+  forward(body: Schemas["ForwardRequest"], o?: CallOptions): Promise<Schemas["ForwardResponse"]> {
+    return this.call("post", "/v1/forward", body, true, o, answers.ForwardResponse);
   }
 
   /** Accumulates gradients: never re-sent once it may have reached the engine. */
   forwardBackward(
-    body: Input<Schemas["ForwardBackwardRequest"]>,
+    body: Schemas["ForwardBackwardRequest"],
     o?: CallOptions,
   ): Promise<Schemas["ForwardBackwardResponse"]> {
-    return this.call("POST", "/v1/forward_backward", body, false, o);
+    return this.call("post", "/v1/forward_backward", body, false, o, answers.ForwardBackwardResponse);
   }
 
-  optimStep(
-    body: Input<Schemas["OptimStepRequest"]>,
-    o?: CallOptions,
-  ): Promise<Schemas["OptimStepResponse"]> {
-    return this.call("POST", "/v1/optim_step", body, false, o);
+  optimStep(body: Schemas["OptimStepRequest"], o?: CallOptions): Promise<Schemas["OptimStepResponse"]> {
+    return this.call("post", "/v1/optim_step", body, false, o, answers.OptimStepResponse);
   }
 
-  saveCheckpoint(
-    body: Input<Schemas["CheckpointRequest"]>,
-    o?: CallOptions,
-  ): Promise<Schemas["CheckpointResponse"]> {
-    return this.call("POST", "/v1/checkpoint/save", body, false, o);
+  saveCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]> {
+    return this.call("post", "/v1/checkpoint/save", body, false, o);
   }
 
-  loadCheckpoint(
-    body: Input<Schemas["CheckpointRequest"]>,
-    o?: CallOptions,
-  ): Promise<Schemas["CheckpointResponse"]> {
-    return this.call("POST", "/v1/checkpoint/load", body, false, o);
+  loadCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]> {
+    return this.call("post", "/v1/checkpoint/load", body, false, o);
   }
 
-  private async call<T>(
-    method: "GET" | "POST" | "DELETE",
+  /**
+   * One call of `method path` with its typed body; `check` validates the answer (the fields the
+   * framework relies on) before it is returned as the endpoint's type.
+   */
+  private async call<P extends keyof paths, M extends Method>(
+    method: M,
+    path: P,
+    body: RequestBody<Operation<P, M>>,
+    idempotent: boolean,
+    o: CallOptions = {},
+    check?: z.ZodType,
+  ): Promise<Answer<Operation<P, M>>> {
+    const json = await this.send(method.toUpperCase(), path, body, idempotent, o);
+    if (check) {
+      const r = check.safeParse(json);
+      if (!r.success) {
+        const issue = r.error.issues[0]!;
+        throw new EngineRefusedError(
+          200,
+          "bad_response",
+          `the answer does not match the protocol at ${issue.path.join(".") || "(root)"}: ${issue.message}`,
+          `${method.toUpperCase()} ${path}`,
+        );
+      }
+    }
+    return json as Answer<Operation<P, M>>;
+  }
+
+  private async send(
+    method: string,
     path: string,
     body: unknown,
     idempotent: boolean,
-    o: CallOptions = {},
-  ): Promise<T> {
+    o: CallOptions,
+  ): Promise<unknown> {
     const endpoint = `${method} ${path}`;
     const timeoutMs = o.timeoutMs ?? this.timeoutMs;
     for (let attempt = 0; ; attempt++) {
@@ -201,7 +203,7 @@ export class EngineClient {
         text = await res.text();
       } catch (e) {
         if (timeout.aborted)
-          throw new EngineError(0, "timeout", `no answer within ${timeoutMs} ms`, endpoint);
+          throw new EngineUnreachableError("timeout", `no answer within ${timeoutMs} ms`, endpoint);
         if (o.signal?.aborted) throw new EngineError(0, "aborted", "the call was aborted", endpoint);
         const code = errorCode(e) ?? "unknown";
         const retryable = NOT_SENT.has(code) || (idempotent && MAYBE_SENT.has(code));
@@ -211,8 +213,7 @@ export class EngineClient {
         }
         const why = NOT_SENT.has(code) || MAYBE_SENT.has(code) ? "" : ` (${(e as Error).message})`;
         const tries = attempt + 1;
-        throw new EngineError(
-          0,
+        throw new EngineUnreachableError(
           "connection",
           `cannot reach the engine at ${this.url}: ${code}${why} after ${tries} attempt${tries > 1 ? "s" : ""}` +
             (retryable || NOT_SENT.has(code) ? "" : "; not retried: the request may have reached the engine"),
@@ -223,18 +224,18 @@ export class EngineClient {
       try {
         json = text === "" ? undefined : JSON.parse(text);
       } catch {
-        throw new EngineError(res.status, "bad_response", `not JSON: ${text.slice(0, 200)}`, endpoint);
+        throw new EngineRefusedError(res.status, "bad_response", `not JSON: ${text.slice(0, 200)}`, endpoint);
       }
       if (!res.ok) {
         const err = json as Partial<Schemas["ErrorBody"]> | undefined;
-        throw new EngineError(
+        throw new EngineRefusedError(
           res.status,
           typeof err?.error === "string" ? err.error : "http_error",
           typeof err?.message === "string" ? err.message : text.slice(0, 500) || res.statusText,
           endpoint,
         );
       }
-      return json as T;
+      return json;
     }
   }
 }

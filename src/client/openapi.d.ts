@@ -211,7 +211,7 @@ export interface components {
              * @default policy
              * @enum {string}
              */
-            kind: "policy" | "critic";
+            kind?: "policy" | "critic";
             lora?: components["schemas"]["LoraConfig"];
             /**
              * Name
@@ -223,7 +223,7 @@ export interface components {
              * Seed
              * @default 0
              */
-            seed: number;
+            seed?: number;
             /**
              * Value Head Hidden
              * @description critic only: hidden sizes of the MLP value head (empty = linear head)
@@ -260,7 +260,7 @@ export interface components {
              * @default auto
              * @enum {string}
              */
-            dtype: "auto" | "float32" | "bfloat16";
+            dtype?: "auto" | "float32" | "bfloat16";
             /**
              * Name
              * @description Name the base is referred to by.
@@ -271,7 +271,7 @@ export interface components {
              * @description Seed for random-init (tiny:) bases.
              * @default 0
              */
-            seed: number;
+            seed?: number;
             /**
              * Source
              * @description tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, gguf:<file>, or pkg:smollm2-135m-instruct
@@ -413,19 +413,19 @@ export interface components {
              * @description multiplies the loss before backward, to weight calls that accumulate
              * @default 1
              */
-            loss_scale: number;
+            loss_scale?: number;
             /**
              * Micro Batch Tokens
              * @description token budget per micro-batch
              * @default 8192
              */
-            micro_batch_tokens: number;
+            micro_batch_tokens?: number;
             ppo?: components["schemas"]["PPOConfig"];
             /**
              * Temperature
              * @default 1
              */
-            temperature: number;
+            temperature?: number;
             value?: components["schemas"]["ValueConfig"];
         };
         /** ForwardBackwardResponse */
@@ -459,12 +459,12 @@ export interface components {
              * Micro Batch Tokens
              * @default 8192
              */
-            micro_batch_tokens: number;
+            micro_batch_tokens?: number;
             /**
              * Temperature
              * @default 1
              */
-            temperature: number;
+            temperature?: number;
         };
         /** ForwardResponse */
         ForwardResponse: {
@@ -507,12 +507,12 @@ export interface components {
              * Alpha
              * @default 16
              */
-            alpha: number;
+            alpha?: number;
             /**
              * Dropout
              * @default 0
              */
-            dropout: number;
+            dropout?: number;
             /**
              * Layers
              * @description only these transformer layers (0-based; negative counts from the last); null = all. A critic on the top layers only is much cheaper to train: backward stops below its lowest layer.
@@ -522,7 +522,7 @@ export interface components {
              * R
              * @default 8
              */
-            r: number;
+            r?: number;
             /** Target Modules */
             target_modules?: string[];
         };
@@ -540,7 +540,7 @@ export interface components {
              * @description null = no clipping
              * @default 1
              */
-            max_grad_norm: number | null;
+            max_grad_norm?: number | null;
         };
         /** OptimStepResponse */
         OptimStepResponse: {
@@ -565,7 +565,7 @@ export interface components {
              *       0.999
              *     ]
              */
-            betas: [
+            betas?: [
                 number,
                 number
             ];
@@ -573,17 +573,17 @@ export interface components {
              * Eps
              * @default 1e-8
              */
-            eps: number;
+            eps?: number;
             /**
              * Lr
              * @default 0.00001
              */
-            lr: number;
+            lr?: number;
             /**
              * Weight Decay
              * @default 0
              */
-            weight_decay: number;
+            weight_decay?: number;
         };
         /** PPOConfig */
         PPOConfig: {
@@ -593,48 +593,48 @@ export interface components {
              * @default token-mean
              * @enum {string}
              */
-            aggregation: "token-mean" | "token-sum";
+            aggregation?: "token-mean" | "token-sum";
             /**
              * Clip High
              * @default 0.2
              */
-            clip_high: number;
+            clip_high?: number;
             /**
              * Clip Low
              * @default 0.2
              */
-            clip_low: number;
+            clip_low?: number;
             /**
              * Entropy Coef
              * @default 0
              */
-            entropy_coef: number;
+            entropy_coef?: number;
             /**
              * Kl Coef
              * @description penalty to the reference (base, adapters off)
              * @default 0
              */
-            kl_coef: number;
+            kl_coef?: number;
             /**
              * Kl Estimator
              * @default k3
              * @enum {string}
              */
-            kl_estimator: "k1" | "k2" | "k3";
+            kl_estimator?: "k1" | "k2" | "k3";
             /**
              * Ratio
              * @description token: per-token ratios; sequence: one ratio per datum (action level)
              * @default token
              * @enum {string}
              */
-            ratio: "token" | "sequence";
+            ratio?: "token" | "sequence";
             /**
              * Sequence Logprob
              * @description for ratio=sequence: the action log-prob is the token sum or mean
              * @default sum
              * @enum {string}
              */
-            sequence_logprob: "sum" | "mean";
+            sequence_logprob?: "sum" | "mean";
         };
         /** SampleBatch */
         SampleBatch: {
@@ -705,18 +705,18 @@ export interface components {
              * @description keep sampling past eos until max_new_tokens or a stop string (benchmarks)
              * @default false
              */
-            ignore_eos: boolean;
+            ignore_eos?: boolean;
             /**
              * Max New Tokens
              * @default 64
              */
-            max_new_tokens: number;
+            max_new_tokens?: number;
             /**
              * N
              * @description samples per prompt
              * @default 1
              */
-            n: number;
+            n?: number;
             /**
              * Stop
              * @description stop strings; the text is cut before one
@@ -727,18 +727,18 @@ export interface components {
              * @description 0 = greedy (log-probs then at temperature 1)
              * @default 1
              */
-            temperature: number;
+            temperature?: number;
             /**
              * Top K
              * @description 0 = no top-k
              * @default 0
              */
-            top_k: number;
+            top_k?: number;
             /**
              * Top P
              * @default 1
              */
-            top_p: number;
+            top_p?: number;
         };
         /** Stats */
         Stats: {
@@ -776,18 +776,18 @@ export interface components {
              * @description clip values to old_values ± clip; null = unclipped
              * @default 0.2
              */
-            clip: number | null;
+            clip?: number | null;
             /**
              * Huber Delta
              * @default 10
              */
-            huber_delta: number;
+            huber_delta?: number;
             /**
              * Loss
              * @default mse
              * @enum {string}
              */
-            loss: "mse" | "huber";
+            loss?: "mse" | "huber";
         };
     };
     responses: never;

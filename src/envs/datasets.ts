@@ -4,6 +4,8 @@ import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import type { z } from "zod";
+import { DataError } from "../errors.ts";
+import { name, nonNegInt, posInt } from "../fields.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
 let datasets: string | undefined;
@@ -49,14 +51,14 @@ export interface JsonRecord {
 }
 
 /** An error about one record of a data file; the message reads `<file>:<line>: <what is wrong>`. */
-export class DatasetError extends Error {
+export class DatasetError extends DataError {
+  override name = "DatasetError";
   constructor(
     readonly file: string,
     readonly line: number,
     readonly detail: string,
   ) {
     super(`${file}:${line}: ${detail}`);
-    this.name = "DatasetError";
   }
 }
 
@@ -70,7 +72,7 @@ export function readJsonRecords(file: string): JsonRecord[] {
   try {
     text = readFileSync(file, "utf8");
   } catch (e) {
-    throw new Error(`${file}: cannot read: ${(e as Error).message}`);
+    throw new DataError(`${file}: cannot read: ${(e as Error).message}`);
   }
   return parseJsonRecords(text, file);
 }
@@ -235,4 +237,22 @@ export function holdOutLast<T>(items: readonly T[], devSize: number): { train: T
     throw new Error(`devSize must be a non-negative integer, got ${devSize}`);
   const cut = Math.max(0, items.length - devSize);
   return { train: items.slice(0, cut), dev: items.slice(cut) };
+}
+
+/** The fields of a run config's task entry for tasks whose problems come from files (math, code). */
+export const fileTaskFields = {
+  trainFile: name().describe(
+    "training problems (JSON / JSONL), relative to the config file's directory or absolute",
+  ),
+  evalFile: name()
+    .optional()
+    .describe("held-out problems; omitted: the last `evalSplit` training rows are held out"),
+  evalSplit: nonNegInt().default(100).describe("rows held out of trainFile when there is no evalFile"),
+  limit: posInt().optional().describe("use at most this many training problems"),
+  evalLimit: posInt().optional().describe("evaluate on at most this many held-out problems"),
+};
+
+/** Paths in a config are relative to the config file's directory. */
+export function resolveFrom(baseDir: string, p: string): string {
+  return isAbsolute(p) ? p : resolve(baseDir, p);
 }

@@ -1,7 +1,7 @@
 // checkEnv: a conformance checker for the Env contract of types.ts (PettingZoo's api_test, adapted to
 // concurrent agents). It drives fresh envs with seeded random (or scripted) actions and returns the
 // problems it found; an empty list means conformant.
-import { seededRng } from "./rng.ts";
+import { seededRng } from "../rng.ts";
 import type { AgentId, ChatMessage, Env } from "./types.ts";
 
 export interface CheckEnvOptions {

@@ -28,7 +28,8 @@
 // complete when every scheduled agent has acted, so schedule the next agent inside `act` before
 // testing `stepComplete()`.
 import { buildGraph, type DependencyGraph } from "./graph.ts";
-import type { AgentId, AgentSpec, ChatMessage, Env, GraphSpec, Rewards } from "./types.ts";
+import { EnvContractError } from "../errors.ts";
+import type { AgentId, AgentSpec, ChatMessage, Env, GraphSpec, Outcome, Rewards } from "./types.ts";
 
 export interface Action {
   agent: AgentId;
@@ -235,17 +236,24 @@ export class TeamEpisode {
 }
 
 /**
- * The part of an Env that its TeamEpisode answers (who is ready, what they see, their parents, the
- * step, the transcript), so that a task writes only what is its own: reset, act, rewards, the end.
+ * The Env methods every shipped task shares: what its TeamEpisode answers (who is ready, what they
+ * see, their parents, the step, the transcript) and the ending (terminated or truncated, the
+ * outcome, per-action rewards). A task writes what is its own: reset (calling `begin`), act (calling
+ * `end` when the episode is over), and its diagnostics.
  */
 export abstract class TeamEnv<Task> implements Env<Task> {
   readonly agents: readonly AgentId[];
   protected readonly team: TeamEpisode;
+  private ended: { outcome: Outcome; truncated: boolean } | null = null;
+  private pending: Rewards = {};
 
   constructor(agents: AgentSpec[], graph: GraphSpec) {
     this.team = new TeamEpisode(agents, graph);
     this.agents = this.team.agents;
   }
+
+  abstract reset(task: Task, seed: number): Promise<void>;
+  abstract act(agent: AgentId, text: string): Promise<void>;
 
   ready(): AgentId[] {
     return this.team.ready();
@@ -267,10 +275,51 @@ export abstract class TeamEnv<Task> implements Env<Task> {
     return this.team.transcript();
   }
 
-  abstract reset(task: Task, seed: number): Promise<void>;
-  abstract act(agent: AgentId, text: string): Promise<void>;
-  abstract takeRewards(): Rewards;
-  abstract get terminated(): boolean;
-  abstract get truncated(): boolean;
-  abstract info(): Record<string, unknown>;
+  get terminated(): boolean {
+    return this.ended !== null && !this.ended.truncated;
+  }
+
+  get truncated(): boolean {
+    return this.ended?.truncated ?? false;
+  }
+
+  outcome(): Outcome {
+    if (this.ended === null) {
+      throw new EnvContractError("outcome(): the episode is not over (neither terminated nor truncated)");
+    }
+    const o = this.ended.outcome;
+    return { ...o, roleRewards: { ...o.roleRewards } };
+  }
+
+  takeRewards(): Rewards {
+    const r = this.pending;
+    this.pending = {};
+    return r;
+  }
+
+  /** Diagnostics; a task overrides it with what a person debugging its rewards wants to see. */
+  info(): Record<string, unknown> {
+    return {};
+  }
+
+  /** Starts an episode: clears the ending and pending rewards, and resets the TeamEpisode on `task`. */
+  protected begin(task: string | Record<AgentId, string>): void {
+    this.ended = null;
+    this.pending = {};
+    this.team.reset(task);
+  }
+
+  /** A per-action reward for `agent`'s latest action (shaping, penalties; never the team reward). */
+  protected reward(agent: AgentId, r: number): void {
+    this.pending[agent] = (this.pending[agent] ?? 0) + r;
+  }
+
+  /**
+   * Ends the episode with its outcome: `terminated` when the task is over by its rules, `truncated`
+   * when a limit cut it off (the trainer then bootstraps from the critic).
+   */
+  protected end(outcome: Outcome, how: "terminated" | "truncated" = "terminated"): void {
+    this.ended = { outcome, truncated: how === "truncated" };
+    this.team.finish();
+  }
 }

@@ -28,8 +28,20 @@ export type GraphSpec =
   | { kind: "edges"; edges: Array<[AgentId, AgentId]> }
   | { kind: "dynamic" };
 
-/** Per-agent reward emitted by the environment since the last `takeRewards()` call. */
+/** Per-agent rewards for actions, emitted by the environment since the last `takeRewards()` call. */
 export type Rewards = Record<AgentId, number>;
+
+/** How an episode ended for the team: what evaluation and reward routing read. */
+export interface Outcome {
+  /** The team solved the task (evaluation's pass@1). */
+  correct: boolean;
+  /** How well it did, in [0, 1] (evaluation's mean score). */
+  score: number;
+  /** What the team earned; the run config routes it to the agents' actions (`algo.rewardRouting`). */
+  teamReward: number;
+  /** Per-role rewards the task documents (role -> reward), for per-role routing; {} when none. */
+  roleRewards: Record<string, number>;
+}
 
 /**
  * An AEC-style text environment adapted to concurrency (PettingZoo semantics).
@@ -43,11 +55,19 @@ export type Rewards = Record<AgentId, number>;
  * - `observe(agent)` is only valid for a ready agent: its system prompt, the shared history and the
  *   actions of its parents in the current step.
  * - `act(agent, text)` records the action; it may do slow work (answer checking, running code), so it
- *   is async. Rewards it produces are read with `takeRewards()`.
- * - Rewards given to an agent accumulate until its next action: the rollout adds them to the agent's
- *   latest turn.
+ *   is async.
  * - `terminated` (the task ended: no bootstrap) and `truncated` (cut off by a limit: bootstrap) are
- *   kept apart.
+ *   kept apart. Once either is true, `outcome()` is valid (before, it throws).
+ *
+ * Rewards, the one policy (the trainer reads nothing else):
+ * - The team's reward for the episode is `outcome().teamReward` (and `outcome().roleRewards` for
+ *   per-role routing). The run config decides which actions it is credited to (src/algo/rewards.ts).
+ * - `takeRewards()` carries per-action rewards only: shaping or penalties the task gives one agent
+ *   for one action (a format penalty, a tool-call cost). Rewards given to an agent accumulate until
+ *   its next action; the rollout adds them to the agent's latest turn, and the trainer adds the
+ *   routed outcome rewards on top. So an env never emits the team reward through `takeRewards()`:
+ *   it would be counted twice.
+ * - `info()` is diagnostics for logs and transcripts (the extracted answer, tests passed, ...).
  */
 export interface Env<Task = unknown> {
   /** All agents of the team, in profile order. */
@@ -63,17 +83,15 @@ export interface Env<Task = unknown> {
   takeRewards(): Rewards;
   readonly terminated: boolean;
   readonly truncated: boolean;
+  /** The episode's outcome; valid once it is terminated or truncated. */
+  outcome(): Outcome;
   /** The full transcript, for logging and for a critic that reads the global state. */
   state(): ChatMessage[];
-  /** Task-specific facts about the episode so far, e.g. { correct: true, answer: "42" }. */
+  /** Task-specific diagnostics of the episode so far, e.g. { answer: "42", attempts: 2 }. */
   info(): Record<string, unknown>;
 }
 
-/**
- * A task family as the trainer sees it: problems to train and evaluate on, and an Env factory for a
- * team. Every env sets `info().correct` (boolean: the team solved the task) and `info().score`
- * (number in [0, 1]) once the episode is over; evaluation reads them.
- */
+/** A task family as the trainer sees it: problems to train and evaluate on, and an Env factory for a team. */
 export interface TaskSuite<Task = unknown> {
   name: string;
   train: Task[];

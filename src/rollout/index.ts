@@ -1,11 +1,10 @@
 export {
   type AgentProfile,
-  mixSeed,
   type RolloutOptions,
   type RolloutProgress,
   type RolloutResult,
   type RolloutStats,
   rollout,
 } from "./rollout.ts";
-export { adapterVersions, checkStaleness } from "./stale.ts";
+export { checkStaleness } from "./stale.ts";
 export type { Episode, Turn } from "./types.ts";

@@ -9,17 +9,19 @@
 // concurrently with the sampling of everyone else; when it finishes, newly ready agents are sent.
 //
 // Every action is recorded as a Turn with the exact prompt ids, response ids, log-probs and adapter
-// version the engine returned. Rewards read from `takeRewards()` after each act are added to each
-// agent's latest turn (rewards accumulate until the agent's next action); rewards an agent receives
-// before its first action have no turn to go to and are dropped (counted in stats).
+// version the engine returned. Per-action rewards read from `takeRewards()` after each act are added
+// to each agent's latest turn (rewards accumulate until the agent's next action; the policy is in
+// src/flexmg/types.ts); rewards an agent receives before its first action have no turn to go to and
+// are dropped (counted in stats). When an episode ends, its outcome is recorded with it.
 //
 // Seeds: every sample request carries its own seed, derived from (rollout seed, episode, turn), and
 // the engine makes a request's tokens depend on that seed alone, not on the batch it shares. With
 // `deterministic: true` the rollout also fixes the grouping and order of calls and acts (lock step:
 // all ready agents of all live episodes in one call, then their acts one by one in episode order),
 // so that log-probs are bitwise reproducible on CPU too, at the cost of overlap.
-import type { EngineClient, Input, Schemas } from "../client/client.ts";
+import type { ComputeEngine, Schemas } from "../client/compute.ts";
 import type { AgentId, ChatMessage, Env } from "../flexmg/types.ts";
+import { mixSeed } from "../rng.ts";
 import type { Episode, Turn } from "./types.ts";
 
 /** What the rollout needs to know to sample for an agent. */
@@ -28,7 +30,7 @@ export interface AgentProfile {
   adapter: string;
   base?: string;
   /** Engine sampling parameters (temperature 0 = greedy). `n` is ignored: one completion per turn. */
-  sampling?: Input<Schemas["SamplingParams"]>;
+  sampling?: Schemas["SamplingParams"];
 }
 
 export interface RolloutProgress {
@@ -40,7 +42,7 @@ export interface RolloutProgress {
 }
 
 export interface RolloutOptions<Task> {
-  client: EngineClient;
+  engine: ComputeEngine;
   /** A fresh env per episode (e.g. `() => suite.makeEnv(agents, graph)`). */
   makeEnv: () => Env<Task>;
   tasks: readonly Task[];
@@ -83,18 +85,6 @@ export interface RolloutResult {
   /** In a deterministic order: by task, then sample (index = task * samplesPerTask + sample). */
   episodes: Episode[];
   stats: RolloutStats;
-}
-
-/** A well-mixed 31-bit seed from a list of integers (splitmix-style), for engine and env seeds. */
-export function mixSeed(...parts: number[]): number {
-  let h = 0x9e3779b9;
-  for (const p of parts) {
-    h = Math.imul(h ^ (p >>> 0), 0x85ebca6b);
-    h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
-    h ^= h >>> 16;
-    h = (h + Math.imul(Math.floor(p / 4294967296) | 0, 0x27d4eb2f)) | 0;
-  }
-  return (h >>> 0) & 0x7fffffff;
 }
 
 interface Live<Task> {
@@ -164,7 +154,7 @@ class Rollout<Task> {
 
   async run(): Promise<RolloutResult> {
     const t0 = performance.now();
-    const before = await this.opts.client.stats();
+    const before = await this.opts.engine.stats();
     if (this.total > 0) {
       const probe = this.opts.makeEnv();
       const missing = probe.agents.filter((a) => !this.opts.profiles[a]);
@@ -174,7 +164,7 @@ class Rollout<Task> {
       else await this.runAsync();
     }
     const seconds = (performance.now() - t0) / 1000;
-    const after = await this.opts.client.stats();
+    const after = await this.opts.engine.stats();
     const steps = after.decode_steps - before.decode_steps;
     const s = this.stats;
     return {
@@ -210,6 +200,7 @@ class Rollout<Task> {
       turns: [],
       terminated: false,
       truncated: false,
+      outcome: { correct: false, score: 0, teamReward: 0, roleRewards: {} },
       info: {},
       transcript: [],
     };
@@ -281,6 +272,7 @@ class Rollout<Task> {
     episode.turns.sort((a, b) => a.order - b.order);
     episode.terminated = env.terminated;
     episode.truncated = env.truncated;
+    episode.outcome = env.outcome();
     episode.info = env.info();
     episode.transcript = env.state().map((m) => ({ role: m.role, content: m.content }));
     live.done = true;
@@ -302,7 +294,7 @@ class Rollout<Task> {
     const requests = batch.map((r) => {
       const p = this.opts.profiles[r.agent]!;
       // `seed` per request: its tokens depend on it alone, whatever batch it shares.
-      const req: Input<Schemas["SampleRequest"]> = {
+      const req: Schemas["SampleRequest"] = {
         adapter: p.adapter,
         messages: r.messages,
         sampling: { ...p.sampling, n: 1 },
@@ -315,7 +307,7 @@ class Rollout<Task> {
     this.inFlight++;
     this.stats.maxInFlight = Math.max(this.stats.maxInFlight, this.inFlight);
     try {
-      const res = await this.opts.client.sample({ requests, seed: batch[0]!.seed });
+      const res = await this.opts.engine.sample({ requests, seed: batch[0]!.seed });
       if (res.results.length !== batch.length) {
         throw new Error(`sample: sent ${batch.length} requests, got ${res.results.length} results`);
       }

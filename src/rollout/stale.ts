@@ -1,17 +1,11 @@
 // The stale-data guard (DESIGN §5): data sampled by an adapter version older than the adapter's
 // current one is refused, unless the trainer corrects for off-policy data (train.offPolicy).
-import type { EngineClient } from "../client/client.ts";
+import { BASE_ADAPTER } from "../client/compute.ts";
 import type { Episode } from "./types.ts";
-
-/** Current version of every adapter on the engine, by name. */
-export async function adapterVersions(client: EngineClient): Promise<Record<string, number>> {
-  const { adapters } = await client.listAdapters();
-  return Object.fromEntries(adapters.map((a) => [a.name, a.version]));
-}
 
 /**
  * Throws on the first turn whose adapter version is not the adapter's current version (unless
- * `offPolicy`); returns the number of stale turns. Turns of the bare base ("__base__") never go stale.
+ * `offPolicy`); returns the number of stale turns. Turns of the bare base (BASE_ADAPTER) never go stale.
  */
 export function checkStaleness(
   episodes: readonly Episode[],
@@ -21,7 +15,7 @@ export function checkStaleness(
   let staleTurns = 0;
   for (const ep of episodes) {
     for (const turn of ep.turns) {
-      if (turn.adapter === "__base__") continue;
+      if (turn.adapter === BASE_ADAPTER) continue;
       const now = versions[turn.adapter];
       if (now === undefined) {
         throw new Error(

@@ -1,6 +1,6 @@
 // What the rollout records: one Turn per action, in the order the actions were taken.
 // Training uses these token ids as they were sampled; text is never re-tokenized.
-import type { AgentId } from "../flexmg/types.ts";
+import type { AgentId, Outcome } from "../flexmg/types.ts";
 
 export interface Turn {
   /** Position of the action in its episode's action order (ties broken in topological order). */
@@ -20,7 +20,7 @@ export interface Turn {
   logprobs: number[];
   text: string;
   finishReason: "stop" | "eos" | "length";
-  /** Reward credited to this action (rewards accumulate until the agent's next action). */
+  /** The env's per-action rewards credited to this action (they accumulate until the agent's next action). */
   reward: number;
 }
 
@@ -34,6 +34,9 @@ export interface Episode {
   turns: Turn[];
   terminated: boolean;
   truncated: boolean;
+  /** How the episode ended for the team: what reward routing and evaluation read. */
+  outcome: Outcome;
+  /** The env's diagnostics at the end. */
   info: Record<string, unknown>;
   transcript: Array<{ role: string; content: string }>;
 }

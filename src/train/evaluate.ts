@@ -2,10 +2,10 @@
 // with 95% Wilson intervals. `evaluate` also returns per-problem correctness and transcripts, for
 // reports and the demo.
 import { accuracyCi95, mean, passAtK } from "../algo/index.ts";
-import type { EngineClient } from "../client/client.ts";
+import type { ComputeEngine } from "../client/compute.ts";
+import type { RunConfig } from "../config/schema.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
-import type { RunConfig } from "./config.ts";
-import { runRollout } from "./rollout.ts";
+import { playEpisodes } from "./episodes.ts";
 
 export interface ProblemResult {
   taskId: string;
@@ -15,6 +15,7 @@ export interface ProblemResult {
   /** Sampled attempts that solved it (pass@k only). */
   samplesCorrect?: number;
   transcript: Array<{ role: string; content: string }>;
+  /** The env's diagnostics at the end of the episode. */
   info: Record<string, unknown>;
 }
 
@@ -32,7 +33,7 @@ export interface EvalResult {
 }
 
 export interface EvaluateOptions {
-  client: EngineClient;
+  engine: ComputeEngine;
   suite: TaskSuite<unknown>;
   config: RunConfig;
   tasks: unknown[];
@@ -48,8 +49,8 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   const greedy = o.greedy ?? true;
   const seed = o.seed ?? 0;
   if (o.tasks.length === 0) throw new Error(`evaluate: task ${o.suite.name} has no held-out problems`);
-  const first = await runRollout({
-    client: o.client,
+  const first = await playEpisodes({
+    engine: o.engine,
     suite: o.suite,
     config: o.config,
     tasks: o.tasks,
@@ -60,8 +61,8 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   });
   const problems: ProblemResult[] = first.episodes.map((e) => ({
     taskId: e.taskId,
-    correct: e.info["correct"] === true,
-    score: typeof e.info["score"] === "number" ? (e.info["score"] as number) : 0,
+    correct: e.outcome.correct,
+    score: e.outcome.score,
     transcript: e.transcript,
     info: e.info,
   }));
@@ -76,8 +77,8 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   };
   const k = o.k ?? 0;
   if (k > 0) {
-    const sampled = await runRollout({
-      client: o.client,
+    const sampled = await playEpisodes({
+      engine: o.engine,
       suite: o.suite,
       config: o.config,
       tasks: o.tasks,
@@ -87,7 +88,7 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
     });
     const byTask = new Map<string, number>();
     for (const e of sampled.episodes)
-      byTask.set(e.taskId, (byTask.get(e.taskId) ?? 0) + (e.info["correct"] === true ? 1 : 0));
+      byTask.set(e.taskId, (byTask.get(e.taskId) ?? 0) + (e.outcome.correct ? 1 : 0));
     for (const p of problems) p.samplesCorrect = byTask.get(p.taskId) ?? 0;
     result.passAtK = mean(problems.map((p) => passAtK(k, p.samplesCorrect!, k)));
     result.k = k;

@@ -17,7 +17,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { join, resolve } from "node:path";
-import type { RngState } from "./rng.ts";
+import type { RngState } from "../rng.ts";
 
 /** Write a file so that readers see the old content or the new one, never a torn write. */
 export function writeFileAtomic(path: string, text: string): void {

@@ -13,22 +13,20 @@
 // Sending back needs a round left: `attempts` rounds of the whole team (default 2 when the team has
 // a reviewer or a tester, so it may send the code back once; 1 otherwise).
 //
-// Rewards: when the episode ends, the team reward (fraction of hidden tests passed by the final
-// code) goes to every agent via takeRewards(); routing it is the trainer's business.
-// info(): correct (all passed), score, passed, total, status (sandbox status of the final run),
-// rounds, and roleRewards (for per-role routing; never mixed into takeRewards()): coder = 1 when its
+// Outcome: the team reward is the fraction of hidden tests the final code passes (routing it is the
+// trainer's business); correct when all pass; roleRewards (for per-role routing): coder = 1 when its
 // final reply had a fenced code block (a format reward); reviewer = the fraction of rounds in which
 // its verdict agreed with the hidden tests (REVISE on failing code, anything else on passing code).
+// info() (diagnostics): passed, total, status (sandbox status of the final run), rounds.
 //
 // The hidden tests of the coder's code start in the sandbox pool inside the coder's `act`, so they
 // run while the reviewer or tester is being sampled; the step's last `act` awaits them.
 // The reference solution is never read here: observations hold the prompt, the function name and
 // signature, and (only if `visibleTests` > 0) that many of the tests.
 import { join } from "node:path";
-import { z } from "zod";
 import { datasetsDir, holdOutLast } from "../datasets.ts";
 import { TeamEnv } from "../../flexmg/team.ts";
-import type { AgentId, AgentSpec, GraphSpec, Rewards, TaskSuite } from "../../flexmg/types.ts";
+import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
 import { type CodeProblem, loadCodeProblems, MBPP_FILE } from "./data.ts";
 import { passedTests, testProgram } from "./harness.ts";
 import { SandboxPool, type SandboxStatus } from "./sandbox.ts";
@@ -144,9 +142,7 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
   private readonly visibleTests: number;
   private readonly pool: SandboxPool;
   private problem: CodeProblem | undefined;
-  private pending: Rewards = {};
   private facts: Record<string, unknown> = {};
-  private done = false;
   /** The hidden-test run of the current step's code, started in the coder's act. */
   private hidden: Promise<TestOutcome> | undefined;
   private code: string | null = null;
@@ -176,9 +172,7 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
   async reset(problem: CodeProblem, _seed: number): Promise<void> {
     // Deterministic given the problem: nothing to randomise with the seed.
     this.problem = problem;
-    this.pending = {};
     this.facts = {};
-    this.done = false;
     this.hidden = undefined;
     this.code = null;
     this.fenced = false;
@@ -192,7 +186,7 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
             ? testerTask(problem)
             : coderTask(problem, this.visibleTests);
     }
-    this.team.reset(texts);
+    this.begin(texts);
   }
 
   async act(agent: AgentId, text: string): Promise<void> {
@@ -218,7 +212,7 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
       this.reviewerRight.push(revise === failing ? 1 : 0);
     }
     if (feedback === null) {
-      this.finish(outcome, round);
+      this.finishWith(outcome, round);
       return;
     }
     this.team.addHistory(`Round ${round}, the coder's code:\n\`\`\`python\n${this.code ?? ""}\n\`\`\``);
@@ -250,42 +244,17 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
     return null;
   }
 
-  private finish(outcome: TestOutcome, rounds: number): void {
-    const score = outcome.total > 0 ? outcome.passed / outcome.total : 0;
-    for (const a of this.agents) this.pending[a] = (this.pending[a] ?? 0) + score;
-    this.facts = {
-      correct: outcome.total > 0 && outcome.passed === outcome.total,
-      score,
-      passed: outcome.passed,
-      total: outcome.total,
-      status: outcome.status,
-      rounds,
-      roleRewards: {
-        coder: this.fenced ? 1 : 0,
-        ...(this.reviewer !== undefined
-          ? { reviewer: this.reviewerRight.reduce((a, b) => a + b, 0) / this.reviewerRight.length }
-          : {}),
-      },
-    };
-    this.done = true;
-    this.team.finish();
+  private finishWith(tests: TestOutcome, rounds: number): void {
+    const score = tests.total > 0 ? tests.passed / tests.total : 0;
+    this.facts = { passed: tests.passed, total: tests.total, status: tests.status, rounds };
+    const roleRewards: Record<string, number> = { coder: this.fenced ? 1 : 0 };
+    if (this.reviewer !== undefined) {
+      roleRewards["reviewer"] = this.reviewerRight.reduce((a, b) => a + b, 0) / this.reviewerRight.length;
+    }
+    this.end({ correct: tests.total > 0 && tests.passed === tests.total, score, teamReward: score, roleRewards });
   }
 
-  takeRewards(): Rewards {
-    const r = this.pending;
-    this.pending = {};
-    return r;
-  }
-
-  get terminated(): boolean {
-    return this.done;
-  }
-
-  get truncated(): boolean {
-    return false;
-  }
-
-  info(): Record<string, unknown> {
+  override info(): Record<string, unknown> {
     return { ...this.facts };
   }
 }
@@ -323,29 +292,4 @@ export function createCodeSuite(opts: CodeSuiteOptions = {}): TaskSuite<CodeProb
     taskId: (p) => p.id,
     makeEnv: (agents, graph) => new CodeEnv(agents, graph, envOpts),
   };
-}
-
-const posInt = () => z.number().int().positive();
-/** The suite's options as a run config gives them (task fields plus `options`); unknown keys are errors. */
-export const CodeSuiteConfig = z.strictObject({
-  trainFile: z.string().min(1).optional(),
-  evalFile: z.string().min(1).optional(),
-  evalSplit: z.number().int().nonnegative().optional(),
-  limit: posInt().optional(),
-  evalLimit: posInt().optional(),
-  attempts: posInt().optional(),
-  timeoutMs: posInt().optional(),
-  memoryMb: z.number().int().min(32).optional(),
-  visibleTests: z.number().int().nonnegative().optional(),
-});
-
-/** createCodeSuite from untrusted config values, with errors that name the field. */
-export function codeSuiteFromConfig(raw: unknown, pool?: SandboxPool): TaskSuite<CodeProblem> {
-  const r = CodeSuiteConfig.safeParse(raw);
-  if (!r.success) {
-    const issue = r.error.issues[0]!;
-    const field = issue.path.map(String).join(".");
-    throw new Error(`code task: ${field ? `field "${field}": ` : ""}${issue.message}`);
-  }
-  return createCodeSuite({ ...r.data, ...(pool ? { pool } : {}) });
 }

@@ -5,7 +5,7 @@
 // greedy) and far more often in some of several samples, which is where RL visibly pays.
 // Train and eval problems come from different seeds and every eval problem's text is removed from
 // the training set, so evaluation never sees a training problem.
-import { seededRng } from "../../flexmg/rng.ts";
+import { seededRng } from "../../rng.ts";
 import type { MathProblem } from "./data.ts";
 
 const NAMES = ["Tom", "Anna", "Sam", "Lily", "Max", "Mia", "Ben", "Zoe", "Leo", "Ella"];

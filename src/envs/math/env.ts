@@ -13,11 +13,11 @@
 // no reward can follow, so no bootstrap). `cutAfter` < attempts cuts the episode earlier, as a
 // rollout limit: that end is `truncated` (the game would have gone on; the trainer bootstraps).
 //
-// Rewards: at the end of each attempt, that attempt's team reward goes to every agent through
-// takeRewards(). info(): correct, score and teamReward (of the last attempt), attempts, answers
-// (per agent, last attempt), rewards (per attempt), roleRewards (per role, for per-role routing):
+// Outcome: correct, score and teamReward of the last attempt, and roleRewards (per role, for
+// per-role routing):
 //   answering role: 1 when its last action had an extractable answer (a format reward: \boxed{}),
 //   planning role:  1 when none of its actions stated a final answer (\boxed{}) (plan, don't solve).
+// info() (diagnostics): gold, answers (per agent, last attempt), attempts, rewards (per attempt).
 //
 // Dynamic graphs: each attempt starts with the first agent (profile order); an agent's action that
 // names another agent (its id, as a word) who has not acted in this attempt schedules that agent
@@ -25,9 +25,8 @@
 //
 // Answer checking starts inside each answering agent's `act` (it overlaps with the sampling of the
 // other agents); the last `act` of the attempt awaits the checks.
-import { z } from "zod";
 import { TeamEnv } from "../../flexmg/team.ts";
-import type { AgentId, AgentSpec, GraphSpec, Rewards, TaskSuite } from "../../flexmg/types.ts";
+import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
 import { loadMathSplits, type MathProblem } from "./data.ts";
 import { extractAnswer, extractBoxed } from "./extract.ts";
 import { type GradeResult, gradeAnswer } from "./grader.ts";
@@ -85,13 +84,8 @@ export class MathEnv extends TeamEnv<MathProblem> {
   private readonly timeoutMs: number;
   private problem: MathProblem | undefined;
   private checks: Check[] = [];
-  private pending: Rewards = {};
   private attemptRewards: number[] = [];
   private answers: Record<AgentId, string | null> = {};
-  private isTerminated = false;
-  private isTruncated = false;
-  private lastCorrect = false;
-  private lastScore = 0;
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: MathEnvOptions = {}) {
     if (agents.length === 0) throw new Error("math: expected at least one agent");
@@ -127,14 +121,9 @@ export class MathEnv extends TeamEnv<MathProblem> {
     // Deterministic given the problem: sampling randomness lives in the engine, not here.
     this.problem = problem;
     this.checks = [];
-    this.pending = {};
     this.attemptRewards = [];
     this.answers = {};
-    this.isTerminated = false;
-    this.isTruncated = false;
-    this.lastCorrect = false;
-    this.lastScore = 0;
-    this.team.reset(problem.problem);
+    this.begin(problem.problem);
     this.scheduleFirst();
   }
 
@@ -160,50 +149,27 @@ export class MathEnv extends TeamEnv<MathProblem> {
     const correct = checks.length > 0 && right === checks.length;
     this.answers = Object.fromEntries(checks.map((c) => [c.agent, c.answer]));
     this.attemptRewards.push(score);
-    this.lastScore = score;
-    this.lastCorrect = correct;
-    for (const a of this.agents) this.pending[a] = (this.pending[a] ?? 0) + score;
 
     const attempt = this.team.step + 1;
     const lines = this.team.stepActions().map((x) => `${x.role}: ${x.text}`);
     this.team.addHistory(`Attempt ${attempt}:\n${lines.join("\n")}`);
     this.team.addHistory(`The answer is ${correct ? "correct" : "incorrect"}.`);
-    if (correct || attempt >= this.attempts) {
-      this.isTerminated = true;
-      this.team.finish();
-    } else if (attempt >= this.cutAfter) {
-      this.isTruncated = true;
-      this.team.finish();
+    const over = correct || attempt >= this.attempts;
+    if (over || attempt >= this.cutAfter) {
+      const outcome = { correct, score, teamReward: score, roleRewards: this.roleRewards() };
+      this.end(outcome, over ? "terminated" : "truncated");
     } else {
       this.team.nextStep();
       this.scheduleFirst();
     }
   }
 
-  takeRewards(): Rewards {
-    const r = this.pending;
-    this.pending = {};
-    return r;
-  }
-
-  get terminated(): boolean {
-    return this.isTerminated;
-  }
-
-  get truncated(): boolean {
-    return this.isTruncated;
-  }
-
-  info(): Record<string, unknown> {
+  override info(): Record<string, unknown> {
     return {
-      correct: this.lastCorrect,
-      score: this.lastScore,
-      teamReward: this.lastScore,
       gold: this.problem?.answer,
       answers: { ...this.answers },
       attempts: this.attemptRewards.length,
       rewards: [...this.attemptRewards],
-      roleRewards: this.roleRewards(),
     };
   }
 
@@ -258,26 +224,6 @@ export class MathEnv extends TeamEnv<MathProblem> {
 
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-}
-
-/** The math-specific options a run config may give (task.options), validated at the edge. */
-export const MathOptionsSchema = z.strictObject({
-  cutAfter: z.number().int().positive().optional(),
-  extract: z.enum(["boxed", "answer", "last-number"]).optional(),
-  answerRoles: z.array(z.string()).min(1).optional(),
-  timeoutMs: z.number().positive().optional(),
-});
-
-/** Validates a config's task.options for math; errors name the field, e.g. `task.options.extract: ...`. */
-export function parseMathOptions(
-  options: unknown,
-  where = "task.options",
-): z.output<typeof MathOptionsSchema> {
-  const r = MathOptionsSchema.safeParse(options ?? {});
-  if (r.success) return r.data;
-  const issue = r.error.issues[0]!;
-  const path = [where, ...issue.path.map(String)].join(".");
-  throw new Error(`${path}: ${issue.message}`);
 }
 
 /** Math problems as a TaskSuite (files or problems given directly). */

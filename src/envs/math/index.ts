@@ -12,10 +12,9 @@ export {
   extractWith,
   MathEnv,
   type MathEnvOptions,
-  MathOptionsSchema,
   type MathSuiteOptions,
-  parseMathOptions,
 } from "./env.ts";
+export { MathOptionsSchema, MathTaskSchema, mathSuite, parseMathOptions } from "./task.ts";
 export { extractAnswer, extractAnswerIs, extractBoxed, extractLastNumber } from "./extract.ts";
 export { type GradeOptions, type GradeResult, gradeAnswer } from "./grader.ts";
 export { normalizeAnswer } from "./normalize.ts";

@@ -1,12 +1,9 @@
 // Shared pieces of the synthetic tasks: tiny cooperative problems a random-init byte-level model can
 // learn in about a minute on CPU (DESIGN §9). Answers are judged on their FIRST character only.
 //
-// Rewards (the same for every synthetic task):
-// - `takeRewards()` gives the TEAM reward (1 solved, 0 not) to every agent when the episode ends;
-//   routing it (to every agent, to the last one only, per role) is the trainer's business (src/algo).
-// - `info().teamReward` repeats it; `info().roleRewards` (role -> number) carries the optional
-//   per-role rewards a task documents, for per-role routing. They are never mixed into takeRewards().
-// - `info().correct` and `info().score` follow the TaskSuite contract.
+// Rewards (the same for every synthetic task): the outcome's team reward (1 solved, 0 not, or a
+// share) and the per-role rewards a task documents; routing them is the trainer's business
+// (src/algo). No per-action rewards: takeRewards() stays empty.
 //
 // Matching modes:
 // - "exact": the answer's first character must be the expected letter.
@@ -16,33 +13,52 @@
 //   not valid UTF-8 on their own and decode to U+FFFD, which is never right), so the reward signal
 //   exists from the first iteration. This is the default: it is what makes the tasks learnable from
 //   random init; use "exact" for models that can already spell.
-import { seededRng } from "../../flexmg/rng.ts";
+import { z } from "zod";
 import { TeamEnv } from "../../flexmg/team.ts";
-import type { AgentId, AgentSpec, GraphSpec, Rewards } from "../../flexmg/types.ts";
+import type { AgentId, AgentSpec, GraphSpec } from "../../flexmg/types.ts";
+import { nonNegInt, posInt } from "../../fields.ts";
+import { seededRng } from "../../rng.ts";
 
 export type MatchMode = "exact" | "class";
 
-export interface SyntheticOptions {
-  /** The letters answers are drawn from (default "abcd"); their char codes must differ modulo their count. */
-  letters?: string;
-  match?: MatchMode;
-  /** Number of training / held-out tasks generated (defaults 64 / 32). */
-  trainSize?: number;
-  evalSize?: number;
-  /** Seed of the task generator (default 0). Train and eval tasks never share an id. */
-  seed?: number;
-}
-
-export function resolveLetters(letters = "abcd"): string {
+/** Why `letters` cannot be a task's alphabet, or null when it can. */
+function lettersProblem(letters: string): string | null {
   const chars = [...letters];
-  if (chars.length < 2) throw new Error(`letters: expected at least 2 letters, got "${letters}"`);
+  if (chars.length < 2) return `expected at least 2 letters, got "${letters}"`;
   const classes = new Set(chars.map((c) => c.charCodeAt(0) % chars.length));
   if (classes.size !== chars.length || new Set(chars).size !== chars.length) {
-    throw new Error(
-      `letters: "${letters}" must be distinct characters whose char codes differ modulo ${chars.length} (consecutive letters do)`,
-    );
+    return `"${letters}" must be distinct characters whose char codes differ modulo ${chars.length} (consecutive letters do)`;
   }
-  return letters;
+  return null;
+}
+
+/** The letters answers are drawn from; their char codes must differ modulo their count. */
+export const lettersField = () =>
+  z
+    .string({ error: "expected a string of letters" })
+    .superRefine((letters, ctx) => {
+      const problem = lettersProblem(letters);
+      if (problem) ctx.addIssue({ code: "custom", message: problem, input: letters });
+    })
+    .describe('the letters answers are drawn from (default "abcd"); their char codes must differ modulo their count');
+
+/** Options every synthetic task takes (each task's schema extends these). */
+export const syntheticOptionFields = {
+  match: z
+    .enum(["exact", "class"])
+    .optional()
+    .describe('"class" (default): an answer is right when its first character is in the expected letter\'s class (char code mod the number of letters); "exact": the letter itself'),
+  seed: nonNegInt().optional().describe("seed of the task generator (default 0); train and eval tasks never share an id"),
+  trainSize: posInt().optional().describe("number of generated training tasks (default 64 in code; a run config sets it at task.trainSize)"),
+  evalSize: posInt().optional().describe("number of generated held-out tasks (default 32 in code; task.evalSize in a run config)"),
+};
+
+export interface SyntheticOptions {
+  letters?: string;
+  match?: MatchMode;
+  seed?: number;
+  trainSize?: number;
+  evalSize?: number;
 }
 
 /**
@@ -63,19 +79,6 @@ function firstChar(answer: string): string | undefined {
  */
 export function withoutSpecialTokens(text: string): string {
   return text.replace(/<\|[^|<>]*\|>/g, "\uFFFD");
-}
-
-/** A task option that must be a positive integer: `value`, or `fallback` when absent. */
-export function positiveIntOption(
-  task: string,
-  name: string,
-  value: number | undefined,
-  fallback: number,
-): number {
-  const x = value ?? fallback;
-  if (!Number.isInteger(x) || x < 1)
-    throw new Error(`${task}.${name}: expected a positive integer, got ${value}`);
-  return x;
 }
 
 /** Whether `answer` states `expected` under the matching mode (first character only). */
@@ -127,14 +130,12 @@ export function pick<T>(rng: () => number, xs: readonly T[]): T {
 }
 
 /**
- * The Env plumbing the synthetic tasks share: the TeamEpisode, rewards, the over flags. A task
- * implements `start` (texts per agent, scheduling) and `afterAct` (judging, scheduling, finishing).
+ * The Env plumbing the synthetic tasks share. A task implements `start` (texts per agent,
+ * scheduling) and `afterAct` (judging, scheduling, and `finish` when the episode is over).
  */
 export abstract class SyntheticEnv<Task> extends TeamEnv<Task> {
   protected task: Task | undefined;
-  protected pendingRewards: Rewards = {};
-  protected facts: Record<string, unknown> = {};
-  private done = false;
+  private facts: Record<string, unknown> = {};
 
   constructor(
     protected readonly specs: AgentSpec[],
@@ -154,9 +155,7 @@ export abstract class SyntheticEnv<Task> extends TeamEnv<Task> {
   async reset(task: Task, _seed: number): Promise<void> {
     // The synthetic tasks are deterministic given the task: the seed has nothing to randomise.
     this.task = task;
-    this.pendingRewards = {};
     this.facts = {};
-    this.done = false;
     this.start(task);
   }
 
@@ -165,33 +164,17 @@ export abstract class SyntheticEnv<Task> extends TeamEnv<Task> {
     this.afterAct(agent, text);
   }
 
-  takeRewards(): Rewards {
-    const r = this.pendingRewards;
-    this.pendingRewards = {};
-    return r;
-  }
-
-  get terminated(): boolean {
-    return this.done;
-  }
-
-  get truncated(): boolean {
-    return false;
-  }
-
-  info(): Record<string, unknown> {
+  override info(): Record<string, unknown> {
     return { ...this.facts };
   }
 
-  /** Ends the episode with a team reward to every agent, plus optional per-role rewards in info(). */
-  protected end(
+  /** Ends the episode: the team reward (correct when it is 1), per-role rewards, and diagnostics. */
+  protected finish(
     teamReward: number,
     facts: Record<string, unknown>,
     roleRewards: Record<string, number> = {},
-  ) {
-    for (const a of this.agents) this.pendingRewards[a] = (this.pendingRewards[a] ?? 0) + teamReward;
-    this.facts = { ...facts, correct: teamReward >= 1, score: teamReward, teamReward, roleRewards };
-    this.done = true;
-    this.team.finish();
+  ): void {
+    this.facts = facts;
+    this.end({ correct: teamReward >= 1, score: teamReward, teamReward, roleRewards });
   }
 }

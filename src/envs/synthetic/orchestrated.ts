@@ -8,17 +8,19 @@
 // wins); otherwise, in "class" mode, its first character picks worker (char code mod workers), and in
 // "exact" mode a digit 1..n picks worker n; an output that names nobody ends the episode with 0.
 // Team reward: 1 when the chosen worker's first character states the secret (common.ts matching).
-// Per-role rewards (info().roleRewards): the orchestrator's role gets 1 when it routed to the expert.
+// Per-role rewards (outcome().roleRewards): the orchestrator's role gets 1 when it routed to the expert.
+import { z } from "zod";
 import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
+import { parseOptions, posInt } from "../../fields.ts";
 import {
   classOf,
   generateTasks,
+  lettersField,
   type MatchMode,
   matches,
   pick,
-  resolveLetters,
   SyntheticEnv,
-  type SyntheticOptions,
+  syntheticOptionFields,
 } from "./common.ts";
 
 export interface OrchestratedTask {
@@ -28,18 +30,21 @@ export interface OrchestratedTask {
   secret: string;
 }
 
-export interface OrchestratedOptions extends SyntheticOptions {
-  /** Number of workers (default 2). */
-  workers?: number;
-}
+export const OrchestratedOptionsSchema = z.strictObject({
+  letters: lettersField().optional(),
+  ...syntheticOptionFields,
+  workers: posInt().optional().describe("number of workers (default 2)"),
+});
+export type OrchestratedOptions = z.input<typeof OrchestratedOptionsSchema>;
 
 export function orchestratedTasks(opts: OrchestratedOptions = {}): {
   train: OrchestratedTask[];
   eval: OrchestratedTask[];
 } {
-  const letters = [...resolveLetters(opts.letters)];
-  const workers = opts.workers ?? 2;
-  return generateTasks(opts, (rng, id) => ({
+  const o = parseOptions(OrchestratedOptionsSchema, opts, "orchestrated");
+  const letters = [...(o.letters ?? "abcd")];
+  const workers = o.workers ?? 2;
+  return generateTasks(o, (rng, id) => ({
     id,
     expert: Math.floor(rng() * workers),
     secret: pick(rng, letters),
@@ -52,16 +57,17 @@ export class OrchestratedEnv extends SyntheticEnv<OrchestratedTask> {
   private readonly workers: AgentSpec[];
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: OrchestratedOptions = {}) {
+    const o = parseOptions(OrchestratedOptionsSchema, opts, "orchestrated");
     super(agents, graph, 2, "orchestrated");
     if (graph.kind !== "dynamic") {
       throw new Error(`orchestrated: expected graph kind "dynamic", got "${graph.kind}"`);
     }
-    const n = opts.workers ?? 2;
+    const n = o.workers ?? 2;
     if (agents.length !== n + 1) {
       throw new Error(`orchestrated: expected 1 orchestrator and ${n} workers, got ${agents.length} agents`);
     }
-    this.letters = resolveLetters(opts.letters);
-    this.match = opts.match ?? "class";
+    this.letters = o.letters ?? "abcd";
+    this.match = o.match ?? "class";
     this.workers = agents.slice(1);
   }
 
@@ -95,7 +101,7 @@ export class OrchestratedEnv extends SyntheticEnv<OrchestratedTask> {
     this.workers.forEach((w, i) => {
       texts[w.id] = i === task.expert ? `secret: ${task.secret}` : "secret?";
     });
-    this.team.reset(texts);
+    this.begin(texts);
     this.team.schedule(this.orchestrator);
   }
 
@@ -105,14 +111,14 @@ export class OrchestratedEnv extends SyntheticEnv<OrchestratedTask> {
     if (agent === this.orchestrator) {
       const chosen = this.route(text);
       if (chosen === undefined) {
-        this.end(0, { expert: expert.id, chosen: null, answer: null }, { [this.team.role(agent)]: 0 });
+        this.finish(0, { expert: expert.id, chosen: null, answer: null }, { [this.team.role(agent)]: 0 });
         return;
       }
       this.team.schedule(chosen.id, [this.orchestrator]);
       return;
     }
     const right = matches(text, task.secret, this.letters, this.match);
-    this.end(
+    this.finish(
       right ? 1 : 0,
       { expert: expert.id, chosen: agent, answer: text, secret: task.secret },
       { [this.team.role(this.orchestrator)]: agent === expert.id ? 1 : 0 },

@@ -15,24 +15,25 @@
 // classes are disjoint too), the aggregator over the 2^n answer letters. Special tokens' text
 // (`<|endoftext|>`) counts as one character that matches nothing.
 // Team reward: the share of the n bits the aggregator's answer gets right (its class read as n bits;
-// no letter: 0); info().correct when all are. An aggregator that ignores the solvers gets each bit
+// no letter: 0); outcome().correct when all are. An aggregator that ignores the solvers gets each bit
 // right with probability at most 1/2, so at most 1/2 in expectation, and all n right at most 1/2^n.
-// Per-role rewards (info().roleRewards), for each solver role: the share of its first `solverChars`
+// Per-role rewards (outcome().roleRewards), for each solver role: the share of its first `solverChars`
 // characters that state its letter MINUS `penalty` (default 1) times the share that state the other
 // letter of its pair. Without the penalty a solver that always says one letter earns 1/2 and tends
 // to settle there (it learns its pair long before it learns to read its bit); with it, that solver
 // earns 0 in expectation, no more than one saying nothing, so the only way up is to read the bit
 // (the price: with no unconditional signal left, a solver can also fail to get started;
 // configs/tiny-vote.yaml has the measured seeds).
+import { z } from "zod";
 import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
+import { parseOptions, posInt, unit } from "../../fields.ts";
 import {
   generateTasks,
   type MatchMode,
   matches,
   matchFraction,
-  positiveIntOption,
   SyntheticEnv,
-  type SyntheticOptions,
+  syntheticOptionFields,
   withoutSpecialTokens,
 } from "./common.ts";
 
@@ -42,16 +43,24 @@ export interface VoteTask {
   bits: number[];
 }
 
-export interface VoteOptions extends Omit<SyntheticOptions, "letters"> {
-  /** Number of solvers (default 2); they use the first 2n letters, the answer the first 2^n. */
-  solvers?: number;
-  /** How many times a solver's prompt repeats its letter (default 1); see SecretOptions.repeat. */
-  repeat?: number;
-  /** A solver's shaping reward counts this many of its characters (default 1: the first only). */
-  solverChars?: number;
-  /** Weight of the other-letter share subtracted from a solver's shaping reward (default 1). */
-  penalty?: number;
-}
+export const VoteOptionsSchema = z.strictObject({
+  ...syntheticOptionFields,
+  solvers: z
+    .number({ error: "expected an integer in 1..4" })
+    .int({ error: "expected an integer in 1..4" })
+    .min(1, { error: "expected an integer in 1..4" })
+    .max(4, { error: "expected an integer in 1..4" })
+    .optional()
+    .describe("number of solvers (default 2); they use the first 2n letters, the answer the first 2^n"),
+  repeat: posInt().optional().describe("how many times a solver's prompt repeats its letter (default 1)"),
+  solverChars: posInt()
+    .optional()
+    .describe("a solver's shaping reward counts this many of its characters (default 1: the first only)"),
+  penalty: unit()
+    .optional()
+    .describe("weight of the other-letter share subtracted from a solver's shaping reward (default 1)"),
+});
+export type VoteOptions = z.input<typeof VoteOptionsSchema>;
 
 /** The first `count` letters: "a", "b", ... (consecutive, so "class" matching is well defined). */
 export function voteLetters(count: number): string {
@@ -59,8 +68,9 @@ export function voteLetters(count: number): string {
 }
 
 export function voteTasks(opts: VoteOptions = {}): { train: VoteTask[]; eval: VoteTask[] } {
-  const n = opts.solvers ?? 2;
-  return generateTasks(opts, (rng, id) => ({
+  const o = parseOptions(VoteOptionsSchema, opts, "parallel-vote");
+  const n = o.solvers ?? 2;
+  return generateTasks(o, (rng, id) => ({
     id,
     bits: Array.from({ length: n }, () => (rng() < 0.5 ? 0 : 1)),
   }));
@@ -76,24 +86,19 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
   private readonly penalty: number;
 
   constructor(agents: AgentSpec[], graph: GraphSpec, opts: VoteOptions = {}) {
-    const n = opts.solvers ?? 2;
-    if (!Number.isInteger(n) || n < 1 || n > 4) {
-      throw new Error(`parallel-vote.solvers: expected an integer in 1..4, got ${opts.solvers}`);
-    }
+    const o = parseOptions(VoteOptionsSchema, opts, "parallel-vote");
+    const n = o.solvers ?? 2;
     super(agents, graph, n + 1, "parallel-vote");
     if (agents.length !== n + 1) {
       throw new Error(`parallel-vote: expected ${n} solvers and 1 aggregator, got ${agents.length} agents`);
     }
     this.solverLetters = voteLetters(2 * n);
     this.answerLetters = voteLetters(2 ** n);
-    this.match = opts.match ?? "class";
+    this.match = o.match ?? "class";
     this.solvers = agents.slice(0, n).map((a) => a.id);
-    this.repeat = positiveIntOption("parallel-vote", "repeat", opts.repeat, 1);
-    this.solverChars = positiveIntOption("parallel-vote", "solverChars", opts.solverChars, 1);
-    this.penalty = opts.penalty ?? 1;
-    if (!(this.penalty >= 0 && this.penalty <= 1)) {
-      throw new Error(`parallel-vote.penalty: expected a number in [0, 1], got ${opts.penalty}`);
-    }
+    this.repeat = o.repeat ?? 1;
+    this.solverChars = o.solverChars ?? 1;
+    this.penalty = o.penalty ?? 1;
   }
 
   private get aggregator(): AgentId {
@@ -115,7 +120,7 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
     this.solvers.forEach((s, i) => {
       texts[s] = `letter: ${this.letter(i, task.bits[i]!).repeat(this.repeat)}`;
     });
-    this.team.reset(texts);
+    this.begin(texts);
   }
 
   protected afterAct(): void {
@@ -134,7 +139,7 @@ export class VoteEnv extends SyntheticEnv<VoteTask> {
       roleRewards[this.team.role(s)] =
         share(this.letter(i, bits[i]!)) - this.penalty * share(this.letter(i, 1 - bits[i]!));
     });
-    this.end(rightBits / n, { expected, answer, bitsRight: rightBits }, roleRewards);
+    this.finish(rightBits / n, { expected, answer, bitsRight: rightBits }, roleRewards);
   }
 }
 

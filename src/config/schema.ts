@@ -1,38 +1,10 @@
-// The run config: one YAML file describes the team, the task, the algorithm and the schedule.
-// Validated with zod at the edge; every field has a help line (CleanRL-style), unknown keys are
-// errors, and an error names the exact path and what was expected:
-//   agents[1].adapter.r: expected a positive integer, got "eight"
-import { readFileSync } from "node:fs";
-import { parse as parseYaml, parseDocument, stringify as stringifyYaml } from "yaml";
+// The run config's schema: one YAML file describes the team, the task, the algorithm and the
+// schedule. Every field has a help line (CleanRL-style; they become schemas/run-config.json for
+// editors), unknown keys are errors, and cross-field checks name the path they are about. The task
+// section is the union of the task families' own schemas (src/envs/tasks.ts).
 import { z } from "zod";
-
-// ---------------------------------------------------------------------------------------------------
-// small field helpers with human error messages
-
-const posInt = (what = "a positive integer") =>
-  z
-    .number({ error: `expected ${what}` })
-    .int({ error: `expected ${what}` })
-    .positive({ error: `expected ${what}` });
-const nonNegInt = () =>
-  z
-    .number({ error: "expected a non-negative integer" })
-    .int({ error: "expected a non-negative integer" })
-    .min(0, { error: "expected a non-negative integer" });
-const posNum = () =>
-  z.number({ error: "expected a positive number" }).positive({ error: "expected a positive number" });
-const nonNegNum = () =>
-  z.number({ error: "expected a non-negative number" }).min(0, { error: "expected a non-negative number" });
-const unit = () =>
-  z
-    .number({ error: "expected a number in [0, 1]" })
-    .min(0, { error: "expected a number in [0, 1]" })
-    .max(1, { error: "expected a number in [0, 1]" });
-const name = () =>
-  z.string({ error: "expected a non-empty string" }).min(1, { error: "expected a non-empty string" });
-
-// ---------------------------------------------------------------------------------------------------
-// sections
+import { TaskSchema } from "../envs/tasks.ts";
+import { name, nonNegInt, nonNegNum, posInt, posNum, unit } from "../fields.ts";
 
 const Engine = z
   .strictObject({
@@ -161,56 +133,6 @@ const Graph = z
       .describe("the task (or an orchestrator) decides who acts and whom they see"),
   ])
   .describe("the dependency function D_t over the agents of a step");
-
-const SyntheticTask = <K extends string>(kind: K, what: string) =>
-  z
-    .strictObject({
-      kind: z.literal(kind),
-      trainSize: posInt().default(256).describe("number of generated training tasks"),
-      evalSize: posInt().default(64).describe("number of generated held-out tasks"),
-      options: z
-        .record(z.string(), z.unknown())
-        .default({})
-        .describe("extra options passed to the task generator as they are"),
-    })
-    .describe(what);
-
-const FileTask = <K extends string, E extends z.core.$ZodLooseShape>(kind: K, what: string, extra: E) =>
-  z
-    .strictObject({
-      kind: z.literal(kind),
-      trainFile: name().describe(
-        "training problems (JSON / JSONL), relative to the config file's directory or absolute",
-      ),
-      evalFile: name()
-        .optional()
-        .describe("held-out problems; omitted: the last `evalSplit` training rows are held out"),
-      evalSplit: nonNegInt().default(100).describe("rows held out of trainFile when there is no evalFile"),
-      limit: posInt().optional().describe("use at most this many training problems"),
-      evalLimit: posInt().optional().describe("evaluate on at most this many held-out problems"),
-      ...extra,
-    })
-    .describe(what);
-
-const Task = z
-  .discriminatedUnion("kind", [
-    SyntheticTask("secret", "synthetic: agent A sees a secret, agent B must state it"),
-    SyntheticTask("parallel-vote", "synthetic: two solvers act concurrently, an aggregator answers"),
-    SyntheticTask("orchestrated", "synthetic: an orchestrator names who acts, that agent answers"),
-    FileTask("math", "math word problems with a LaTeX-aware answer check", {
-      attempts: posInt()
-        .default(1)
-        .describe("attempts per problem; judge feedback after each (the reference: 3)"),
-      options: z.record(z.string(), z.unknown()).default({}).describe("extra options of the math suite"),
-    }),
-    FileTask("code", "Python function tasks run against hidden tests in a sandbox", {
-      attempts: posInt().default(1).describe("rounds per problem (e.g. reviewer may send the code back)"),
-      timeoutMs: posInt().default(5000).describe("wall-clock limit per test run"),
-      memoryMb: posInt().default(512).describe("memory limit per test run"),
-      options: z.record(z.string(), z.unknown()).default({}).describe("extra options of the code suite"),
-    }),
-  ])
-  .describe("the task family the team trains on");
 
 const Critic = z
   .strictObject({
@@ -371,7 +293,7 @@ const Eval = z
   })
   .describe("held-out evaluation");
 
-const RunConfigObject = z.strictObject({
+export const RunConfigObject = z.strictObject({
   name: z
     .string({ error: "expected a run name" })
     .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, {
@@ -386,7 +308,7 @@ const RunConfigObject = z.strictObject({
     .min(1, { error: "expected at least one agent" })
     .describe("the team, in profile order"),
   graph: Graph.prefault({ kind: "sequential" }),
-  task: Task,
+  task: TaskSchema,
   critic: Critic.optional(),
   algo: Algo.prefault({}),
   ppo: Ppo.prefault({}),
@@ -526,204 +448,11 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
   }
 });
 
+/** The critic adapter's name on the engine (an agent may not take it unless the run has no critic). */
+export const CRITIC_ADAPTER = "critic";
+
 export type RunConfig = z.output<typeof RunConfigSchema>;
 export type RunConfigInput = z.input<typeof RunConfigSchema>;
 export type AgentConfig = RunConfig["agents"][number];
 export type TaskConfig = RunConfig["task"];
 
-// ---------------------------------------------------------------------------------------------------
-// errors
-
-/** A config that does not validate; `issues` are one line each, `path: what was expected, got X`. */
-export class ConfigError extends Error {
-  constructor(
-    readonly source: string,
-    readonly issues: string[],
-  ) {
-    super(`${source}: invalid run config\n${issues.map((l) => `  ${l}`).join("\n")}`);
-    this.name = "ConfigError";
-  }
-}
-
-/** `agents[1].adapter.r` from ["agents", 1, "adapter", "r"]. */
-export function formatPath(path: ReadonlyArray<PropertyKey>): string {
-  let out = "";
-  for (const p of path) {
-    if (typeof p === "number") out += `[${p}]`;
-    else if (typeof p === "string" && /^[A-Za-z_$][\w$-]*$/.test(p)) out += out ? `.${p}` : p;
-    else out += `[${JSON.stringify(String(p))}]`;
-  }
-  return out || "(root)";
-}
-
-function show(v: unknown): string {
-  if (v === undefined) return "nothing";
-  if (v === null) return "null";
-  if (Array.isArray(v)) return "a list";
-  if (typeof v === "object") return "an object";
-  const s = JSON.stringify(v);
-  return s.length > 60 ? `${s.slice(0, 57)}...` : s;
-}
-
-type Issue = z.core.$ZodIssue;
-
-/** One readable line per issue; for unions, the branch that came closest explains the error. */
-function issueLines(issue: Issue, prefix: ReadonlyArray<PropertyKey> = []): string[] {
-  const path = [...prefix, ...issue.path];
-  const input = (issue as { input?: unknown }).input;
-  switch (issue.code) {
-    case "unrecognized_keys":
-      return issue.keys.map((k) => `${formatPath([...path, k])}: unknown key`);
-    case "invalid_union": {
-      if ("discriminator" in issue && issue.discriminator !== undefined) {
-        const opts = (issue as { options?: unknown[] }).options ?? [];
-        const got =
-          input && typeof input === "object"
-            ? (input as Record<string, unknown>)[issue.discriminator]
-            : input;
-        return [
-          `${formatPath(path)}: expected one of ${opts.map((o) => JSON.stringify(o)).join(" | ")}, got ${show(got)}`,
-        ];
-      }
-      const branches = issue.errors.filter((b) => b.length > 0);
-      if (branches.length === 0) return [`${formatPath(path)}: ${issue.message}`];
-      const best = branches.reduce((a, b) => (b.length < a.length ? b : a));
-      return best.flatMap((i) => issueLines(i, path));
-    }
-    case "invalid_type":
-      if (input === undefined)
-        return [
-          `${formatPath(path)}: required (${issue.message.startsWith("expected") ? issue.message : `expected ${issue.expected}`})`,
-        ];
-      return [`${formatPath(path)}: ${issue.message}, got ${show(input)}`];
-    case "custom":
-      return [`${formatPath(path)}: ${issue.message}`];
-    default:
-      return [`${formatPath(path)}: ${issue.message}${input !== undefined ? `, got ${show(input)}` : ""}`];
-  }
-}
-
-/** zod's generic messages, rephrased for the ones our schema does not customise. */
-const errorMap: z.core.$ZodErrorMap = (iss) => {
-  switch (iss.code) {
-    case "invalid_type":
-      return `expected ${iss.expected === "object" ? "a mapping" : iss.expected === "array" ? "a list" : `a ${iss.expected}`}`;
-    case "invalid_value":
-      return `expected ${iss.values.map((v) => JSON.stringify(v)).join(" | ")}`;
-    case "too_small":
-      return iss.origin === "array"
-        ? `expected at least ${iss.minimum} item(s)`
-        : `expected ${iss.inclusive ? ">=" : ">"} ${iss.minimum}`;
-    case "too_big":
-      return iss.origin === "array"
-        ? `expected at most ${iss.maximum} item(s)`
-        : `expected ${iss.inclusive ? "<=" : "<"} ${iss.maximum}`;
-    case "invalid_format":
-      return `expected a ${iss.format}`;
-    default:
-      return undefined;
-  }
-};
-
-/** Validate a parsed YAML value; throws ConfigError naming every bad path. */
-export function parseRunConfig(value: unknown, source = "config"): RunConfig {
-  const r = RunConfigSchema.safeParse(value, { reportInput: true, error: errorMap });
-  if (r.success) return r.data;
-  throw new ConfigError(
-    source,
-    r.error.issues.flatMap((i) => issueLines(i)),
-  );
-}
-
-// ---------------------------------------------------------------------------------------------------
-// --set overrides
-
-/** `agents[1].sampling.temperature` -> ["agents", 1, "sampling", "temperature"]. */
-export function parseSetPath(path: string): Array<string | number> {
-  const out: Array<string | number> = [];
-  const re = /([^.[\]]+)|\[(\d+)\]/g;
-  let consumed = "";
-  for (let m = re.exec(path); m; m = re.exec(path)) {
-    if (m[1] !== undefined) out.push(/^\d+$/.test(m[1]) ? Number(m[1]) : m[1]);
-    else out.push(Number(m[2]));
-    consumed += m[0];
-  }
-  if (out.length === 0 || consumed.length !== path.replaceAll(".", "").length)
-    throw new Error(`--set: bad path "${path}"`);
-  return out;
-}
-
-/**
- * Apply `path=value` overrides to a raw (unvalidated) config; values are YAML scalars or flow
- * collections (`--set train.iterations=5`, `--set graph={kind: parallel}`). Validation comes after.
- */
-export function applySets(raw: unknown, sets: string[]): unknown {
-  const root = structuredClone(raw ?? {}) as Record<string | number, unknown>;
-  for (const s of sets) {
-    const eq = s.indexOf("=");
-    if (eq <= 0) throw new ConfigError("--set", [`expected path=value, got ${JSON.stringify(s)}`]);
-    const path = parseSetPath(s.slice(0, eq));
-    let value: unknown;
-    try {
-      value = parseYaml(s.slice(eq + 1));
-    } catch (e) {
-      throw new ConfigError("--set", [
-        `${s.slice(0, eq)}: the value is not valid YAML (${(e as Error).message.split("\n")[0]})`,
-      ]);
-    }
-    let node: Record<string | number, unknown> = root;
-    for (let i = 0; i < path.length - 1; i++) {
-      const k = path[i]!;
-      const next = node[k];
-      if (next === undefined || next === null || typeof next !== "object") {
-        node[k] = typeof path[i + 1] === "number" ? [] : {};
-      }
-      node = node[k] as Record<string | number, unknown>;
-    }
-    node[path[path.length - 1]!] = value;
-  }
-  return root;
-}
-
-/** Read a YAML run config, apply overrides, validate. */
-export function loadRunConfig(file: string, sets: string[] = []): RunConfig {
-  let text: string;
-  try {
-    text = readFileSync(file, "utf8");
-  } catch (e) {
-    throw new ConfigError(file, [
-      `cannot read the file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
-    ]);
-  }
-  const doc = parseDocument(text, { prettyErrors: true });
-  if (doc.errors.length > 0) {
-    throw new ConfigError(
-      file,
-      doc.errors.map((e) => `YAML: ${e.message.split("\n")[0]}`),
-    );
-  }
-  return parseRunConfig(applySets(doc.toJS(), sets), file);
-}
-
-/** The resolved config (defaults filled in) as YAML, for runs/<name>/config.yaml. */
-export function configToYaml(c: RunConfig): string {
-  return stringifyYaml(c, { lineWidth: 0 });
-}
-
-/** The JSON Schema of the run config, for editors (schemas/run-config.json). */
-export function runConfigJsonSchema(): Record<string, unknown> {
-  return z.toJSONSchema(RunConfigObject.describe("MARFT run config"), {
-    io: "input",
-    unrepresentable: "any",
-  }) as Record<string, unknown>;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// derived facts the trainer needs
-
-/** The adapter an agent samples with and trains: its own id, or the owner of a shared adapter. */
-export function adapterOf(agent: AgentConfig): string {
-  return "shared" in agent.adapter ? agent.adapter.shared : agent.id;
-}
-
-export const CRITIC_ADAPTER = "critic";

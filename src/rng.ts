@@ -1,6 +1,12 @@
-// A small seeded PRNG whose whole state is four 32-bit integers, so a checkpoint can store it and a
-// resumed run draws exactly the numbers the uninterrupted run would have drawn.
-// sfc32 (Chris Doty-Humphrey's Small Fast Counting generator), seeded through splitmix32.
+// The one PRNG module: every random choice of the framework (task generation, task order, sample
+// seeds, minibatch order, conformance checks) comes from here.
+//
+// - `Rng`: sfc32 (Chris Doty-Humphrey's Small Fast Counting generator), seeded through splitmix32.
+//   Its whole state is four 32-bit integers, so a checkpoint can store it and a resumed run draws
+//   exactly the numbers the uninterrupted run would have drawn.
+// - `mixSeed(...parts)`: the one seeding scheme. A seed for a sub-stream (an epoch, an episode, an
+//   agent's k-th request) is a hash of the integers that name it, never a draw whose value depends
+//   on how many draws came before; so a stream does not move when another stream is used more.
 
 export type RngState = [number, number, number, number];
 
@@ -69,4 +75,28 @@ export class Rng {
     }
     return out;
   }
+}
+
+/** A well-mixed 31-bit seed from a list of integers (splitmix-style). */
+export function mixSeed(...parts: number[]): number {
+  let h = 0x9e3779b9;
+  for (const p of parts) {
+    h = Math.imul(h ^ (p >>> 0), 0x85ebca6b);
+    h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+    h ^= h >>> 16;
+    h = (h + Math.imul(Math.floor(p / 4294967296) | 0, 0x27d4eb2f)) | 0;
+  }
+  return (h >>> 0) & 0x7fffffff;
+}
+
+/** Uniform numbers in [0, 1) from a seed (mulberry32): the generator of tasks and conformance checks. */
+export function seededRng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
 }

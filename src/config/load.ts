@@ -1,0 +1,92 @@
+// Loading a run config: YAML -> `--set` overrides -> validation, and the resolved config back as YAML.
+import { readFileSync } from "node:fs";
+import { parse as parseYaml, parseDocument, stringify as stringifyYaml } from "yaml";
+import { ConfigError } from "../errors.ts";
+import { errorMap, issueLines } from "../fields.ts";
+import { type RunConfig, RunConfigSchema } from "./schema.ts";
+
+/** Validate a parsed YAML value; throws ConfigError naming every bad path. */
+export function parseRunConfig(value: unknown, source = "config"): RunConfig {
+  const r = RunConfigSchema.safeParse(value, { reportInput: true, error: errorMap });
+  if (r.success) return r.data;
+  throw new ConfigError(
+    source,
+    r.error.issues.flatMap((i) => issueLines(i)),
+  );
+}
+
+// ---------------------------------------------------------------------------------------------------
+// --set overrides
+
+/** `agents[1].sampling.temperature` -> ["agents", 1, "sampling", "temperature"]. */
+export function parseSetPath(path: string): Array<string | number> {
+  const out: Array<string | number> = [];
+  const re = /([^.[\]]+)|\[(\d+)\]/g;
+  let consumed = "";
+  for (let m = re.exec(path); m; m = re.exec(path)) {
+    if (m[1] !== undefined) out.push(/^\d+$/.test(m[1]) ? Number(m[1]) : m[1]);
+    else out.push(Number(m[2]));
+    consumed += m[0];
+  }
+  if (out.length === 0 || consumed.length !== path.replaceAll(".", "").length)
+    throw new Error(`--set: bad path "${path}"`);
+  return out;
+}
+
+/**
+ * Apply `path=value` overrides to a raw (unvalidated) config; values are YAML scalars or flow
+ * collections (`--set train.iterations=5`, `--set graph={kind: parallel}`). Validation comes after.
+ */
+export function applySets(raw: unknown, sets: string[]): unknown {
+  const root = structuredClone(raw ?? {}) as Record<string | number, unknown>;
+  for (const s of sets) {
+    const eq = s.indexOf("=");
+    if (eq <= 0) throw new ConfigError("--set", [`expected path=value, got ${JSON.stringify(s)}`]);
+    const path = parseSetPath(s.slice(0, eq));
+    let value: unknown;
+    try {
+      value = parseYaml(s.slice(eq + 1));
+    } catch (e) {
+      throw new ConfigError("--set", [
+        `${s.slice(0, eq)}: the value is not valid YAML (${(e as Error).message.split("\n")[0]})`,
+      ]);
+    }
+    let node: Record<string | number, unknown> = root;
+    for (let i = 0; i < path.length - 1; i++) {
+      const k = path[i]!;
+      const next = node[k];
+      if (next === undefined || next === null || typeof next !== "object") {
+        node[k] = typeof path[i + 1] === "number" ? [] : {};
+      }
+      node = node[k] as Record<string | number, unknown>;
+    }
+    node[path[path.length - 1]!] = value;
+  }
+  return root;
+}
+
+/** Read a YAML run config, apply overrides, validate. */
+export function loadRunConfig(file: string, sets: string[] = []): RunConfig {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (e) {
+    throw new ConfigError(file, [
+      `cannot read the file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
+    ]);
+  }
+  const doc = parseDocument(text, { prettyErrors: true });
+  if (doc.errors.length > 0) {
+    throw new ConfigError(
+      file,
+      doc.errors.map((e) => `YAML: ${e.message.split("\n")[0]}`),
+    );
+  }
+  return parseRunConfig(applySets(doc.toJS(), sets), file);
+}
+
+/** The resolved config (defaults filled in) as YAML, for runs/<name>/config.yaml. */
+export function configToYaml(c: RunConfig): string {
+  return stringifyYaml(c, { lineWidth: 0 });
+}
+

@@ -1,0 +1,49 @@
+// The task families a run config may name, each defined in its own folder with the schema of its
+// config entry. The config's `task` section is this union, so adding a task kind touches src/envs
+// only: its folder, and one line in each list below.
+import { z } from "zod";
+import type { TaskSuite } from "../flexmg/types.ts";
+import { CodeTaskSchema, codeSuite } from "./code/task.ts";
+import { resolveFrom } from "./datasets.ts";
+import { MathTaskSchema, mathSuite } from "./math/task.ts";
+import { OrchestratedTaskSchema, SecretTaskSchema, syntheticSuite, VoteTaskSchema } from "./synthetic/task.ts";
+
+export const TaskSchema = z
+  .discriminatedUnion("kind", [
+    SecretTaskSchema,
+    VoteTaskSchema,
+    OrchestratedTaskSchema,
+    MathTaskSchema,
+    CodeTaskSchema,
+  ])
+  .describe("the task family the team trains on");
+
+export type TaskConfig = z.output<typeof TaskSchema>;
+
+/** The suite of a config's task; file paths are relative to `baseDir` (the config file's directory). */
+export function makeSuite(task: TaskConfig, baseDir: string): TaskSuite<unknown> {
+  switch (task.kind) {
+    case "secret":
+    case "parallel-vote":
+    case "orchestrated":
+      return syntheticSuite(task);
+    case "math":
+      return mathSuite(task, baseDir);
+    case "code":
+      return codeSuite(task, baseDir);
+  }
+}
+
+/** Make the task's file paths absolute, so the resolved config in the run directory stands alone. */
+export function resolveTaskPaths<C extends { task: TaskConfig }>(config: C, baseDir: string): C {
+  const t = config.task;
+  if (t.kind !== "math" && t.kind !== "code") return config;
+  return {
+    ...config,
+    task: {
+      ...t,
+      trainFile: resolveFrom(baseDir, t.trainFile),
+      ...(t.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, t.evalFile) } : {}),
+    },
+  };
+}

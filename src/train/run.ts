@@ -1,0 +1,224 @@
+// A training run end to end: the run directory, the engine (started, restored, restarted after a
+// crash), resume, the loop, evaluation, checkpoints and the summary.
+import { join } from "node:path";
+import type { ComputeEngine } from "../client/compute.ts";
+import { configToYaml } from "../config/load.ts";
+import type { RunConfig } from "../config/schema.ts";
+import { EngineUnreachableError } from "../errors.ts";
+import type { TaskSuite } from "../flexmg/types.ts";
+import type { EvalResult } from "./evaluate.ts";
+import type { MetricsRow, ProgressEvent } from "./phases.ts";
+import { RunDir, type TrainerState, writeFileAtomic } from "./rundir.ts";
+import { setupEngine } from "./setup.ts";
+import { Trainer } from "./trainer.ts";
+
+/** A connection to an engine (a local process or a remote server) and how to let it go. */
+export interface EngineHandle {
+  client: ComputeEngine;
+  stop(): Promise<void>;
+}
+
+export interface TrainOptions {
+  config: RunConfig;
+  /** Directory the config file was in: task file paths are relative to it. */
+  configDir: string;
+  /** runs/<name> */
+  runDir: string;
+  resume?: boolean;
+  /** Starts (or connects to) an engine; called again to restart one that died. */
+  connect: () => Promise<EngineHandle>;
+  suite: TaskSuite<unknown>;
+  /** One line of news for a person (engine restarts, zero-advantage warnings, eval results). */
+  log?: (line: string) => void;
+  /** Called after each phase, for progress bars. */
+  onProgress?: (e: ProgressEvent) => void;
+  /** When aborted (Ctrl-C), the loop saves a checkpoint after the current iteration and returns. */
+  signal?: AbortSignal;
+  /** Restarts allowed after engine deaths (default 3). */
+  maxRestarts?: number;
+}
+
+export interface Summary {
+  name: string;
+  iterations: number;
+  stoppedEarly: boolean;
+  wallSeconds: number;
+  tokensSampled: number;
+  engineRestarts: number;
+  firstRewards: number[];
+  lastRewards: number[];
+  eval: { before?: EvalSummary; after?: EvalSummary };
+  checkpoint?: string;
+}
+
+export interface EvalSummary {
+  iteration: number;
+  accuracy: number;
+  ci95: [number, number];
+  n: number;
+  passAtK?: number;
+}
+
+function evalSummary(iteration: number, r: EvalResult): EvalSummary {
+  return {
+    iteration,
+    accuracy: r.accuracy,
+    ci95: r.ci95,
+    n: r.n,
+    ...(r.passAtK !== undefined ? { passAtK: r.passAtK } : {}),
+  };
+}
+
+/** Is the engine gone? Only a call that got no answer says it may be; a health check confirms it. */
+async function engineDown(engine: ComputeEngine, e: unknown): Promise<boolean> {
+  if (!(e instanceof EngineUnreachableError)) return false;
+  try {
+    await engine.health({ timeoutMs: 5000 });
+    return false;
+  } catch {
+    return true;
+  }
+}
+
+/** Train a run end to end: run directory, engine setup, resume, the loop, eval, checkpoints, summary. */
+export async function train(opts: TrainOptions): Promise<Summary> {
+  const c = opts.config;
+  const log = opts.log ?? (() => {});
+  const onProgress = opts.onProgress ?? (() => {});
+  const run = new RunDir(opts.runDir);
+  const t0 = performance.now();
+  let handle = await opts.connect();
+  let restarts = 0;
+
+  /** Set up a fresh engine and bring it (and the trainer state) to the latest checkpoint, if any. */
+  const restore = async (client: ComputeEngine, required: boolean): Promise<TrainerState | undefined> => {
+    await setupEngine(client, c);
+    const ckpt = run.latestCheckpoint();
+    if (!ckpt) {
+      if (required) throw new Error(`${run.root}: no complete checkpoint to resume from`);
+      return undefined;
+    }
+    await client.loadCheckpoint({ path: join(ckpt.path, "engine") });
+    run.truncateMetrics(ckpt.state.metricsLines);
+    return ckpt.state;
+  };
+
+  let state: TrainerState | undefined;
+  if (opts.resume) {
+    state = await restore(handle.client, true);
+    log(`resuming ${run.root} from iteration ${state!.iteration}`);
+  } else {
+    if (run.listCheckpoints().length > 0 || run.metricsLineCount() > 0) {
+      throw new Error(
+        `${run.root} already holds a run: resume it with --resume ${run.root}, or choose another name`,
+      );
+    }
+    run.create();
+    await setupEngine(handle.client, c);
+  }
+  run.create();
+  writeFileAtomic(run.configPath, configToYaml(c));
+
+  let trainer = new Trainer(c, opts.suite, handle.client, { state, log, onProgress });
+  await trainer.syncVersions();
+  const summary: Summary = {
+    name: c.name,
+    iterations: 0,
+    stoppedEarly: false,
+    wallSeconds: 0,
+    tokensSampled: 0,
+    engineRestarts: 0,
+    firstRewards: [],
+    lastRewards: [],
+    eval: {},
+  };
+
+  const checkpoint = async () => {
+    trainer.state.metricsLines = run.metricsLineCount();
+    const client = trainer.engine;
+    const path = await run.writeCheckpoint(
+      trainer.state,
+      async (dir) => {
+        await client.saveCheckpoint({ path: dir });
+      },
+      c.train.keepCheckpoints,
+    );
+    summary.checkpoint = path;
+    return path;
+  };
+
+  const runEval = async (iteration: number): Promise<EvalResult> => {
+    const r = await trainer.evaluate();
+    onProgress({ kind: "eval", iteration, result: r });
+    log(
+      `eval @ iteration ${iteration}: accuracy ${r.accuracy.toFixed(3)} [${r.ci95[0].toFixed(3)}, ${r.ci95[1].toFixed(3)}] (n=${r.n})` +
+        (r.passAtK !== undefined ? `, pass@${c.eval.k} ${r.passAtK.toFixed(3)}` : ""),
+    );
+    return r;
+  };
+
+  try {
+    if (c.train.evalAtStart && trainer.state.iteration === 0) {
+      summary.eval.before = evalSummary(0, await runEval(0));
+    }
+    while (trainer.state.iteration < c.train.iterations) {
+      if (opts.signal?.aborted) {
+        summary.stoppedEarly = true;
+        break;
+      }
+      const it = trainer.state.iteration;
+      let row: MetricsRow;
+      try {
+        row = await trainer.iteration();
+      } catch (e) {
+        if (!(await engineDown(trainer.engine, e)) || restarts >= (opts.maxRestarts ?? 3)) throw e;
+        restarts++;
+        log(`the engine died during iteration ${it + 1} (${(e as Error).message}); restarting it`);
+        await handle.stop().catch(() => {});
+        handle = await opts.connect();
+        const restored = await restore(handle.client, false);
+        if (restored) log(`continuing from the checkpoint at iteration ${restored.iteration}`);
+        else {
+          log("no checkpoint yet: starting over from iteration 0");
+          run.truncateMetrics(0);
+        }
+        const tokens = trainer.tokensSampled;
+        trainer = new Trainer(c, opts.suite, handle.client, { state: restored, log, onProgress });
+        trainer.tokensSampled = tokens;
+        await trainer.syncVersions();
+        continue;
+      }
+      const iteration = trainer.state.iteration;
+      const isLast = iteration === c.train.iterations;
+      if ((c.train.evalEvery > 0 && iteration % c.train.evalEvery === 0) || isLast) {
+        const t = performance.now();
+        const r = await runEval(iteration);
+        if (isLast) summary.eval.after = evalSummary(iteration, r);
+        row["eval/accuracy"] = r.accuracy;
+        row["eval/ci95_low"] = r.ci95[0];
+        row["eval/ci95_high"] = r.ci95[1];
+        if (r.passAtK !== undefined) row[`eval/pass@${c.eval.k}`] = r.passAtK;
+        row["time/eval"] = (performance.now() - t) / 1000;
+      }
+      run.appendMetrics(row);
+      onProgress({ kind: "iteration", iteration, total: c.train.iterations, row });
+      if (c.train.checkpointEvery > 0 && iteration % c.train.checkpointEvery === 0 && !isLast) {
+        const t = performance.now();
+        await checkpoint();
+        log(`checkpoint iteration ${iteration} (${((performance.now() - t) / 1000).toFixed(1)}s)`);
+      }
+    }
+    summary.iterations = trainer.state.iteration;
+    await checkpoint();
+  } finally {
+    summary.engineRestarts = restarts;
+    summary.tokensSampled = trainer.tokensSampled;
+    summary.wallSeconds = (performance.now() - t0) / 1000;
+    const rewards = run.readMetrics().map((r) => r["reward/mean"] as number);
+    summary.firstRewards = rewards.slice(0, 3);
+    summary.lastRewards = rewards.slice(-3);
+    writeFileAtomic(run.summaryPath, `${JSON.stringify(summary, null, 2)}\n`);
+    await handle.stop().catch(() => {});
+  }
+  return summary;
+}
