@@ -6,7 +6,6 @@ import { afterAll, describe, expect, it } from "vitest";
 import { type CodeProblem, entryPointOf, loadCodeProblems } from "../src/envs/code/data.ts";
 import {
   CodeEnv,
-  codeSuiteFromConfig,
   createCodeSuite,
   defaultMbppFile,
   extractCode,
@@ -15,6 +14,8 @@ import {
 } from "../src/envs/code/env.ts";
 import { passedTests, testProgram } from "../src/envs/code/harness.ts";
 import { SandboxPool } from "../src/envs/code/sandbox.ts";
+import { CodeTaskSchema, codeSuite } from "../src/envs/code/task.ts";
+import { parseOptions } from "../src/fields.ts";
 import { checkEnv } from "../src/flexmg/check.ts";
 import type { AgentSpec } from "../src/flexmg/types.ts";
 
@@ -270,9 +271,10 @@ describe("CodeEnv", () => {
     expect(env.terminated).toBe(true);
     expect(env.truncated).toBe(false);
     expect(env.ready()).toEqual([]);
-    expect(env.takeRewards()).toEqual({ coder: 1 });
+    // the team reward is the outcome's; no per-action rewards
     expect(env.takeRewards()).toEqual({});
-    expect(env.info()).toMatchObject({
+    expect(env.outcome().teamReward).toBe(1);
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({
       correct: true,
       score: 1,
       passed: 4,
@@ -283,7 +285,11 @@ describe("CodeEnv", () => {
 
     await env.reset(p, 0);
     await env.act("coder", "def is_not_prime(n):\n    return n == 10");
-    expect(env.info()).toMatchObject({ correct: false, score: 0.75, roleRewards: { coder: 0 } });
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({
+      correct: false,
+      score: 0.75,
+      roleRewards: { coder: 0 },
+    });
   });
 
   it("coder -> reviewer: REVISE sends the code back once with feedback, then it ends", async () => {
@@ -304,19 +310,25 @@ describe("CodeEnv", () => {
     await env.act("reviewer", "REVISE again"); // no round left: ends anyway
     expect(env.terminated).toBe(true);
     // Round 1: REVISE on failing code (right); round 2: REVISE on passing code (wrong).
-    expect(env.info()).toMatchObject({
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({
       correct: true,
       score: 1,
       rounds: 2,
       roleRewards: { coder: 1, reviewer: 0.5 },
     });
-    expect(env.takeRewards()).toEqual({ coder: 1, reviewer: 1 });
+    expect(env.takeRewards()).toEqual({});
+    expect(env.outcome().teamReward).toBe(1);
 
     await env.reset(p, 0);
     await env.act("coder", fence("def is_not_prime(n):\n    return False"));
     await env.act("reviewer", "APPROVE");
     expect(env.terminated).toBe(true);
-    expect(env.info()).toMatchObject({ correct: false, score: 0.5, rounds: 1, roleRewards: { reviewer: 0 } });
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({
+      correct: false,
+      score: 0.5,
+      rounds: 1,
+      roleRewards: { reviewer: 0 },
+    });
   });
 
   it("starts the hidden tests in the coder's act, while the reviewer is still to act", async () => {
@@ -328,7 +340,7 @@ describe("CodeEnv", () => {
     expect(slow.active).toBe(1); // running in the background
     await env.act("reviewer", "APPROVE");
     expect(slow.active).toBe(0);
-    expect(env.info()).toMatchObject({ correct: true });
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({ correct: true });
   });
 
   it("coder -> tester: failing tester asserts go back to the coder", async () => {
@@ -344,7 +356,7 @@ describe("CodeEnv", () => {
     expect(env.observe("coder")[1]!.content).toContain("The tester's tests: 1 of 2 passed");
     await env.act("coder", fence(p.reference!));
     await env.act("tester", "```python\nassert is_not_prime(4) == True\n```");
-    expect(env.info()).toMatchObject({ correct: true, rounds: 2 });
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({ correct: true, rounds: 2 });
   });
 
   it("passes checkEnv with random replies and with scripted solutions", async () => {
@@ -402,14 +414,19 @@ describe("CodeEnv", () => {
     expect(() => new CodeEnv([CODER], { kind: "dynamic" })).toThrow(/dynamic/);
   });
 
-  it("builds a suite from config values, naming a bad field", () => {
-    const suite = codeSuiteFromConfig({ evalSplit: 20, limit: 3, attempts: 2, visibleTests: 1 }, pool);
-    expect(suite.train.map((p) => p.id)).toEqual(["mbpp-2", "mbpp-3", "mbpp-4"]);
+  it("builds a suite from a run config's task entry, naming a bad field", () => {
+    // the config's task section, validated by the code family's own schema
+    const fromConfig = (raw: Record<string, unknown>, p?: SandboxPool) =>
+      codeSuite(
+        parseOptions(CodeTaskSchema, { kind: "code", trainFile: defaultMbppFile(), ...raw }, "task"),
+        ".",
+        p,
+      );
+    const suite = fromConfig({ evalSplit: 20, limit: 3, attempts: 2, options: { visibleTests: 1 } }, pool);
+    expect(suite.train.map((p) => (p as { id: string }).id)).toEqual(["mbpp-2", "mbpp-3", "mbpp-4"]);
     expect(suite.eval).toHaveLength(20);
-    expect(() => codeSuiteFromConfig({ timeoutMs: -5 })).toThrow(/field "timeoutMs"/);
-    expect(() => codeSuiteFromConfig({ visibleTest: 1 })).toThrow(/visibleTest/);
-    expect(() => codeSuiteFromConfig({ trainFile: join(dir, "nope.jsonl") })).toThrow(
-      /nope\.jsonl: cannot read/,
-    );
+    expect(() => fromConfig({ timeoutMs: -5 })).toThrow(/task\.timeoutMs: expected a positive integer/);
+    expect(() => fromConfig({ options: { visibleTest: 1 } })).toThrow(/visibleTest/);
+    expect(() => fromConfig({ trainFile: join(dir, "nope.jsonl") })).toThrow(/nope\.jsonl: cannot read/);
   });
 });

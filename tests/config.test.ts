@@ -2,16 +2,10 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
-import {
-  adapterOf,
-  applySets,
-  ConfigError,
-  configToYaml,
-  loadRunConfig,
-  parseRunConfig,
-  parseSetPath,
-} from "../src/train/config.ts";
-import { SCHEMA_FILE, schemaText } from "../src/train/gen-schema.ts";
+import { adapterOf } from "../src/config/derived.ts";
+import { SCHEMA_FILE, schemaText } from "../src/config/json-schema.ts";
+import { applySets, configToYaml, loadRunConfig, parseRunConfig, parseSetPath } from "../src/config/load.ts";
+import { ConfigError } from "../src/errors.ts";
 
 const minimal = () => ({
   name: "t",
@@ -201,7 +195,7 @@ describe("shipped configs and schema", () => {
     );
   });
 
-  it("schemas/run-config.json matches the zod schema (run: npx tsx src/train/gen-schema.ts)", () => {
+  it("schemas/run-config.json matches the zod schema (run: npx tsx src/config/json-schema.ts)", () => {
     expect(readFileSync(SCHEMA_FILE, "utf8")).toBe(schemaText());
   });
 });

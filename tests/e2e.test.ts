@@ -16,10 +16,10 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { startLocalEngine } from "../src/client/launcher.ts";
-import { loadRunConfig } from "../src/train/config.ts";
+import { loadRunConfig } from "../src/config/load.ts";
+import { makeSuite } from "../src/envs/tasks.ts";
 import { RunDir } from "../src/train/rundir.ts";
-import { makeSuite } from "../src/train/tasks.ts";
-import { train } from "../src/train/trainer.ts";
+import { train } from "../src/train/run.ts";
 import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
 
 const ROOT = join(import.meta.dirname, "..");

@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { checkEnv } from "../src/flexmg/check.ts";
 import { buildGraph, type Edge, findCycle, topologicalOrder } from "../src/flexmg/graph.ts";
 import { TeamEpisode } from "../src/flexmg/team.ts";
-import type { AgentId, AgentSpec, ChatMessage, Env, Rewards } from "../src/flexmg/types.ts";
+import type { AgentId, AgentSpec, ChatMessage, Env, Outcome, Rewards } from "../src/flexmg/types.ts";
 
 const names = (n: number) => Array.from({ length: n }, (_, i) => `a${i}`);
 const specs = (ids: string[]): AgentSpec[] =>
@@ -209,6 +209,10 @@ class BrokenEnv implements Env<number> {
   state(): ChatMessage[] {
     return [{ role: "user", content: "same" }];
   }
+  outcome(): Outcome {
+    // Bug: valid before the end, and a score outside [0, 1].
+    return { correct: true, score: 2, teamReward: 1, roleRewards: {} };
+  }
   info() {
     return {};
   }
@@ -223,7 +227,8 @@ describe("checkEnv", () => {
     expect(text).toContain("is not finite");
     expect(text).toContain("state() did not grow");
     expect(text).toContain("both terminated and truncated");
-    expect(text).toContain("info().correct is not a boolean");
+    expect(text).toContain("outcome().score is not a number in [0, 1]");
+    expect(text).toContain("outcome() before the episode ended did not throw");
     expect(text).toContain("not deterministic");
   });
 

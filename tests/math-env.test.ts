@@ -3,7 +3,8 @@ import { afterAll, describe, expect, it } from "vitest";
 import { datasetsDir } from "../src/envs/datasets.ts";
 import { checkEnv } from "../src/flexmg/check.ts";
 import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
-import { createMathSuite, MathEnv, type MathProblem, parseMathOptions } from "../src/envs/math/env.ts";
+import { createMathSuite, MathEnv, type MathProblem } from "../src/envs/math/env.ts";
+import { parseMathOptions } from "../src/envs/math/task.ts";
 import { closeSharedSymbolicPool } from "../src/envs/math/pool.ts";
 
 afterAll(() => closeSharedSymbolicPool());
@@ -36,7 +37,12 @@ async function play(env: MathEnv, problem: MathProblem, script: Record<string, s
     );
     rewards.push(env.takeRewards());
   }
-  return { rewards: rewards.filter((r) => Object.keys(r).length > 0), observations, info: env.info() };
+  // the outcome and the diagnostics; takeRewards() carries per-action rewards only (none in math)
+  return {
+    rewards: rewards.filter((r) => Object.keys(r).length > 0),
+    observations,
+    info: { ...env.outcome(), ...env.info() } as Record<string, unknown>,
+  };
 }
 
 describe("MathEnv passes checkEnv", () => {
@@ -79,10 +85,7 @@ describe("MathEnv episodes", () => {
       reasoner: ["Add the halves.", "Add them again, carefully."],
       actor: ["So it is \\boxed{2}.", "Then \\boxed{\\frac{2}{2}}."],
     });
-    expect(rewards).toEqual([
-      { reasoner: 0, actor: 0 },
-      { reasoner: 1, actor: 1 },
-    ]);
+    expect(rewards).toEqual([]);
     expect(env.terminated).toBe(true);
     expect(env.truncated).toBe(false);
     expect(info).toMatchObject({ correct: true, score: 1, attempts: 2, rewards: [0, 1] });
@@ -115,8 +118,8 @@ describe("MathEnv episodes", () => {
       actor: ["\\boxed{1}"],
       verifier: ["I get \\boxed{2x+1}"],
     });
-    expect(rewards).toEqual([{ reasoner: 0.5, actor: 0.5, verifier: 0.5 }]);
-    expect(info).toMatchObject({ correct: false, score: 0.5, teamReward: 0.5 });
+    expect(rewards).toEqual([]);
+    expect(info).toMatchObject({ correct: false, score: 0.5, teamReward: 0.5, rewards: [0.5] });
   });
 
   it("per-role rewards: format for answering roles, no final answer for planning roles", async () => {
@@ -157,7 +160,11 @@ describe("MathEnv episodes", () => {
     expect(env.observe("bob").at(-1)!.content).toContain("orchestrator: bob should do it");
     await env.act("bob", "\\boxed{2}");
     expect(env.terminated).toBe(true);
-    expect(env.info()).toMatchObject({ correct: true, score: 1, answers: { bob: "2" } });
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({
+      correct: true,
+      score: 1,
+      answers: { bob: "2" },
+    });
   });
 
   it("nobody is ready while the attempt's answer checks run", async () => {
@@ -169,7 +176,7 @@ describe("MathEnv episodes", () => {
     expect(env.terminated).toBe(false);
     await last;
     expect(env.terminated).toBe(true);
-    expect(env.info()["correct"]).toBe(true);
+    expect(env.outcome().correct).toBe(true);
   });
 });
 

@@ -1,14 +1,9 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import { EngineClient } from "../src/client/client.ts";
+import { adapterVersions } from "../src/client/compute.ts";
 import { orchestratedSuite, type SecretTask, secretSuite, voteSuite } from "../src/envs/synthetic/index.ts";
 import type { AgentSpec, Env, GraphSpec } from "../src/flexmg/types.ts";
-import {
-  type AgentProfile,
-  adapterVersions,
-  checkStaleness,
-  type RolloutOptions,
-  rollout,
-} from "../src/rollout/index.ts";
+import { type AgentProfile, checkStaleness, type RolloutOptions, rollout } from "../src/rollout/index.ts";
 import type { Episode } from "../src/rollout/types.ts";
 import { createPolicy, createTinyBase, useEngine } from "./helpers/engine.ts";
 
@@ -40,7 +35,7 @@ const vote = voteSuite({ trainSize: 4 });
 
 function secretOpts(extra: Partial<RolloutOptions<unknown>> = {}): RolloutOptions<unknown> {
   return {
-    client: eng.client,
+    engine: eng.client,
     makeEnv: () => secret.makeEnv(duo, { kind: "sequential" }) as never,
     tasks: secret.train,
     taskId: (t) => secret.taskId(t as never),
@@ -101,8 +96,9 @@ describe("rollout against a real engine", () => {
         expect(t.responseIds.length).toBeLessThanOrEqual(3);
         expect(t.promptIds.length).toBeGreaterThan(0);
       }
-      // The team reward reaches both agents' (latest) turns and matches info().
-      expect(ep.turns.map((t) => t.reward)).toEqual([ep.info["teamReward"], ep.info["teamReward"]]);
+      // The outcome is the env's; `secret` gives no per-action rewards, so the turns carry none.
+      expect(ep.outcome.correct).toBe(ep.outcome.teamReward === 1);
+      expect(ep.turns.map((t) => t.reward)).toEqual([0, 0]);
       expect(ep.transcript.length).toBeGreaterThan(2);
     }
     // Two agents of 12 episodes: 24 turns, a call each; the engine batched concurrent calls.
@@ -118,7 +114,7 @@ describe("rollout against a real engine", () => {
 
   it("parallel-vote: solvers sampled together, the aggregator sees both; mixed adapters in one batch", async () => {
     const { episodes, stats } = await rollout({
-      client: eng.client,
+      engine: eng.client,
       makeEnv: () => vote.makeEnv(trio, voteGraph),
       tasks: vote.train,
       taskId: vote.taskId,
@@ -162,7 +158,7 @@ describe("rollout against a real engine", () => {
       events.push({ agent, at: "back" });
       return res;
     };
-    const { episodes } = await rollout(secretOpts({ client: spy, profiles: varied, samplesPerTask: 4 }));
+    const { episodes } = await rollout(secretOpts({ engine: spy, profiles: varied, samplesPerTask: 4 }));
     const lengths = episodes.map((e) => e.turns[0]!.responseIds.length);
     expect(Math.max(...lengths)).toBeGreaterThan(Math.min(...lengths) + 3);
     const lastSpeakerBack = events.findLastIndex((e) => e.agent === "speaker" && e.at === "back");
@@ -185,7 +181,7 @@ describe("rollout against a real engine", () => {
       speaker: { adapter: "speaker", sampling: { temperature: 0, max_new_tokens: 3 } },
     };
     const { episodes } = await rollout({
-      client: eng.client,
+      engine: eng.client,
       makeEnv: () => orch.makeEnv(team, { kind: "dynamic" }),
       tasks: orch.train,
       taskId: orch.taskId,
@@ -264,6 +260,7 @@ describe("rollout against a real engine", () => {
     class SlowEnv implements Env<SecretTask> {
       private readonly env = secret.makeEnv(duo, { kind: "sequential" });
       private slow = false;
+      private spoke = false;
       readonly agents = this.env.agents;
       get terminated() {
         return this.env.terminated;
@@ -279,6 +276,7 @@ describe("rollout against a real engine", () => {
         actsRunning++;
         try {
           await this.env.act(agent, text);
+          if (agent === "speaker") this.spoke = true;
           if (this.slow && agent === "speaker") await new Promise((r) => setTimeout(r, 1500));
         } finally {
           actsRunning--;
@@ -288,15 +286,23 @@ describe("rollout against a real engine", () => {
       observe = (a: string) => this.env.observe(a);
       parents = (a: string) => this.env.parents(a);
       step = () => this.env.step();
-      takeRewards = () => this.env.takeRewards();
+      /** A per-action reward (shaping): the speaker gets 0.25 for each action. */
+      takeRewards = () => {
+        const r = this.env.takeRewards();
+        if (this.spoke) r["speaker"] = (r["speaker"] ?? 0) + 0.25;
+        this.spoke = false;
+        return r;
+      };
       state = () => this.env.state();
+      outcome = () => this.env.outcome();
       info = () => this.env.info();
     }
     const slowEnv = () => new SlowEnv();
-    const { episodes } = await rollout({ ...secretOpts(), client, makeEnv: slowEnv });
+    const { episodes } = await rollout({ ...secretOpts(), engine: client, makeEnv: slowEnv });
     expect(callsDuringActs).toBeGreaterThan(0);
     expect(episodes.every((e) => e.turns.length === 2)).toBe(true);
-    expect(episodes.map((e) => e.turns[1]!.reward)).toEqual(episodes.map((e) => e.info["teamReward"]));
+    // The per-action reward went to the speaker's turn, whatever the interleaving; none to the listener's.
+    expect(episodes.map((e) => e.turns.map((t) => t.reward))).toEqual(episodes.map(() => [0.25, 0]));
   });
 
   it("rejects a team without sampling profiles", async () => {

@@ -12,6 +12,9 @@ import {
   voteSuite,
 } from "../src/envs/synthetic/index.ts";
 
+/** What an ended episode reports: its outcome and its diagnostics. */
+const ended = (env: Env) => ({ ...env.outcome(), ...env.info() });
+
 const agent = (id: string, role = id): AgentSpec => ({ id, role, systemPrompt: `${role}.` });
 const duo = [agent("A", "speaker"), agent("B", "listener")];
 const voteTeam = [agent("s1"), agent("s2"), agent("agg", "aggregator")];
@@ -112,8 +115,10 @@ describe("synthetic tasks", () => {
     expect(env.observe("B")[1]!.content).toBe("secret?\n\nspeaker: hello");
     await env.act("B", "b");
     expect(env.terminated).toBe(true);
-    expect(env.takeRewards()).toEqual({ A: 1, B: 1 });
-    expect(env.info()).toMatchObject({
+    // the team reward is the outcome's; no per-action rewards
+    expect(env.takeRewards()).toEqual({});
+    expect(env.outcome().teamReward).toBe(1);
+    expect(ended(env)).toMatchObject({
       correct: true,
       score: 1,
       teamReward: 1,
@@ -126,13 +131,13 @@ describe("synthetic tasks", () => {
     expect(rep.observe("A")[1]!.content).toBe("secret: ddd");
     await rep.act("A", "d");
     await rep.act("B", "x");
-    expect(rep.info()).toMatchObject({ correct: false, roleRewards: { speaker: 1 } });
+    expect(ended(rep)).toMatchObject({ correct: false, roleRewards: { speaker: 1 } });
     // speakerChars: the share of the speaker's first N characters that state the secret.
     const many = new SecretEnv(duo, { kind: "sequential" }, { match: "exact", speakerChars: 4 });
     await many.reset({ id: "t", secret: "b" }, 0);
     await many.act("A", "bbxbzz");
     await many.act("B", "b");
-    expect(many.info()).toMatchObject({ correct: true, roleRewards: { speaker: 0.75 } });
+    expect(ended(many)).toMatchObject({ correct: true, roleRewards: { speaker: 0.75 } });
     expect(() => new SecretEnv(duo, { kind: "sequential" }, { speakerChars: 0 })).toThrow(
       "secret.speakerChars: expected a positive integer, got 0",
     );
@@ -149,7 +154,8 @@ describe("synthetic tasks", () => {
     await env.act("A", "x");
     await env.act("B", "z");
     expect(env.terminated).toBe(true);
-    expect(env.takeRewards()).toEqual({ A: 0, B: 0 });
+    expect(env.takeRewards()).toEqual({});
+    expect(env.outcome().teamReward).toBe(0);
   });
 
   it("parallel-vote: solvers concurrently, each with its own pair; the aggregator combines both bits", async () => {
@@ -163,8 +169,9 @@ describe("synthetic tasks", () => {
     expect(env.observe("agg")[1]!.content).toBe("letter?\n\ns1: a\ns2: cx");
     await env.act("agg", "c"); // bits 10 -> letter number 2 -> "c"
     expect(env.terminated).toBe(true);
-    expect(env.takeRewards()).toEqual({ s1: 1, s2: 1, agg: 1 });
-    expect(env.info()).toMatchObject({
+    expect(env.takeRewards()).toEqual({});
+    expect(env.outcome().teamReward).toBe(1);
+    expect(ended(env)).toMatchObject({
       correct: true,
       score: 1,
       expected: "c",
@@ -180,7 +187,7 @@ describe("synthetic tasks", () => {
       await env.reset({ id: "t", bits }, 0);
       await Promise.all([env.act("s1", "?"), env.act("s2", "?")]);
       await env.act("agg", answer);
-      return env.info();
+      return ended(env);
     };
     expect(await rewardFor([1, 1], "d")).toMatchObject({ teamReward: 1, correct: true });
     expect(await rewardFor([1, 1], "c")).toMatchObject({ teamReward: 0.5, correct: false, bitsRight: 1 });
@@ -192,7 +199,7 @@ describe("synthetic tasks", () => {
     await cls.reset({ id: "t", bits: [0, 0] }, 0);
     await Promise.all([cls.act("s1", "<|pad|>"), cls.act("s2", "<|endoftext|>")]);
     await cls.act("agg", "y");
-    expect(cls.info()).toMatchObject({ teamReward: 1, roleRewards: { s1: 0, s2: 0 } });
+    expect(ended(cls)).toMatchObject({ teamReward: 1, roleRewards: { s1: 0, s2: 0 } });
   });
 
   it("parallel-vote: an aggregator that ignores the solvers earns at most 1/2 (and all bits 1/4)", async () => {
@@ -210,8 +217,8 @@ describe("synthetic tasks", () => {
         await env.reset({ id: "t", bits }, 0);
         await Promise.all([env.act("s1", ""), env.act("s2", "")]);
         await env.act("agg", answer);
-        reward += (env.info()["teamReward"] as number) / 4;
-        correct += env.info()["correct"] ? 1 / 4 : 0;
+        reward += env.outcome().teamReward / 4;
+        correct += env.outcome().correct ? 1 / 4 : 0;
       }
       expect(reward).toBe(0.5);
       expect(correct).toBe(0.25);
@@ -227,13 +234,13 @@ describe("synthetic tasks", () => {
     // 100 % 4) in d's class: no letter of solver 1's pair, one of solver 2's
     await Promise.all([env.act("s1", "aebx"), env.act("s2", "dxd")]);
     await env.act("agg", "b");
-    expect(env.info()).toMatchObject({ correct: true, roleRewards: { s1: 0.25, s2: 0.75 } });
+    expect(ended(env)).toMatchObject({ correct: true, roleRewards: { s1: 0.25, s2: 0.75 } });
     // penalty weighs the other letter's share: 0.5 -> s1 earns 2/4 - 0.5 * 1/4
     const half = new VoteEnv(voteTeam, voteEdges, { solverChars: 4, penalty: 0.5 });
     await half.reset({ id: "t", bits: [0, 1] }, 0);
     await Promise.all([half.act("s1", "aebx"), half.act("s2", "dxd")]);
     await half.act("agg", "b");
-    expect(half.info()).toMatchObject({ roleRewards: { s1: 0.375, s2: 0.75 } });
+    expect(ended(half)).toMatchObject({ roleRewards: { s1: 0.375, s2: 0.75 } });
     expect(() => new VoteEnv(voteTeam, voteEdges, { penalty: 2 })).toThrow(/parallel-vote\.penalty/);
     const trio = [agent("s1"), agent("s2"), agent("s3"), agent("agg", "aggregator")];
     const edges3: GraphSpec = {
@@ -249,7 +256,7 @@ describe("synthetic tasks", () => {
     expect(three.observe("s3")[1]!.content).toBe("letter: f");
     await Promise.all([three.act("s1", "b"), three.act("s2", "c"), three.act("s3", "f")]);
     await three.act("agg", "f"); // 101 -> letter number 5
-    expect(three.info()).toMatchObject({ correct: true, roleRewards: { s1: 1, s2: 1, s3: 1 } });
+    expect(ended(three)).toMatchObject({ correct: true, roleRewards: { s1: 1, s2: 1, s3: 1 } });
     expect(voteSuite({ solvers: 3 }).train.every((t) => t.bits.length === 3)).toBe(true);
     expect(() => new VoteEnv(voteTeam, voteEdges, { repeat: 0 })).toThrow(/parallel-vote\.repeat/);
     expect(() => new VoteEnv(voteTeam, voteEdges, { solverChars: 1.5 })).toThrow(
@@ -269,12 +276,13 @@ describe("synthetic tasks", () => {
     expect(env.ready()).toEqual(["w2"]);
     expect(env.observe("w2")[1]!.content).toBe("secret: d\n\norchestrator: ask bob");
     await env.act("w2", "d");
-    expect(env.info()).toMatchObject({ correct: true, chosen: "w2", roleRewards: { orchestrator: 1 } });
+    expect(ended(env)).toMatchObject({ correct: true, chosen: "w2", roleRewards: { orchestrator: 1 } });
     // An output naming nobody ends the episode with 0 in exact mode.
     await env.reset({ id: "t", expert: 0, secret: "a" }, 0);
     await env.act("o", "?");
     expect(env.terminated).toBe(true);
-    expect(env.takeRewards()).toEqual({ o: 0, w1: 0, w2: 0 });
+    expect(env.takeRewards()).toEqual({});
+    expect(env.outcome().teamReward).toBe(0);
   });
 
   it("a random policy sometimes earns the reward in class mode (learnable from random init)", async () => {
@@ -288,7 +296,7 @@ describe("synthetic tasks", () => {
       await env.act("A", String.fromCharCode(32 + (x % 200)));
       x = (x * 1103515245 + 12345) % 2147483648;
       await env.act("B", String.fromCharCode(32 + (x % 200)));
-      wins += env.takeRewards()["B"]!;
+      wins += env.outcome().teamReward;
     }
     expect(wins).toBeGreaterThan(20);
     expect(wins).toBeLessThan(90);

@@ -5,11 +5,15 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { startLocalEngine } from "../src/client/launcher.ts";
-import { loadRunConfig, type RunConfig } from "../src/train/config.ts";
+import { loadRunConfig } from "../src/config/load.ts";
+import type { RunConfig } from "../src/config/schema.ts";
+import { makeSuite } from "../src/envs/tasks.ts";
+import type { MetricsRow } from "../src/train/phases.ts";
+import { train } from "../src/train/run.ts";
 import { RunDir } from "../src/train/rundir.ts";
+import { tasksAt, updatingAdapters } from "../src/train/schedule.ts";
 import { setupEngine } from "../src/train/setup.ts";
-import { makeSuite } from "../src/train/tasks.ts";
-import { type MetricsRow, Trainer, tasksAt, train, updatingAdapters } from "../src/train/trainer.ts";
+import { Trainer } from "../src/train/trainer.ts";
 import { createTinyBase, TEST_ENGINE_ENV, useEngine } from "./helpers/engine.ts";
 
 const CONFIG = join(import.meta.dirname, "..", "configs", "tiny-secret.yaml");

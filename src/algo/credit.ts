@@ -86,7 +86,12 @@ function bootstrapValue(batch: CreditBatch, values: ReadonlyArray<readonly numbe
 export const marftA: Estimator = (batch, p) => {
   const values = needValues(batch, "marft-a");
   const n = batch.steps.length;
-  const credit: Credit = { level: "action", advantages: new Array(n), returns: new Array(n), values: new Array(n) };
+  const credit: Credit = {
+    level: "action",
+    advantages: new Array(n),
+    returns: new Array(n),
+    values: new Array(n),
+  };
   for (const idx of byEpisode(batch.steps)) {
     const v = idx.map((i) => values[i]![batch.steps[i]!.promptLength - 1]!);
     const r = actionGae(
@@ -109,7 +114,12 @@ export const marftA: Estimator = (batch, p) => {
 export const marftT: Estimator = (batch, p) => {
   const values = needValues(batch, "marft-t");
   const n = batch.steps.length;
-  const credit: Credit = { level: "token", advantages: new Array(n), returns: new Array(n), values: new Array(n) };
+  const credit: Credit = {
+    level: "token",
+    advantages: new Array(n),
+    returns: new Array(n),
+    values: new Array(n),
+  };
   for (const idx of byEpisode(batch.steps)) {
     const turns = idx.map((i) => {
       const s = batch.steps[i]!;

@@ -139,11 +139,17 @@ export class EngineClient implements ComputeEngine {
     return this.call("post", "/v1/optim_step", body, false, o, answers.OptimStepResponse);
   }
 
-  saveCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]> {
+  saveCheckpoint(
+    body: Schemas["CheckpointRequest"],
+    o?: CallOptions,
+  ): Promise<Schemas["CheckpointResponse"]> {
     return this.call("post", "/v1/checkpoint/save", body, false, o);
   }
 
-  loadCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]> {
+  loadCheckpoint(
+    body: Schemas["CheckpointRequest"],
+    o?: CallOptions,
+  ): Promise<Schemas["CheckpointResponse"]> {
     return this.call("post", "/v1/checkpoint/load", body, false, o);
   }
 

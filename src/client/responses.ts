@@ -75,4 +75,6 @@ export const Stats = z.looseObject({
   decode_rows: int(),
   tokens_sampled: int(),
   tokens_trained: int(),
-}) satisfies z.ZodType<Pick<Schemas["Stats"], "decode_steps" | "decode_rows" | "tokens_sampled" | "tokens_trained">>;
+}) satisfies z.ZodType<
+  Pick<Schemas["Stats"], "decode_steps" | "decode_rows" | "tokens_sampled" | "tokens_trained">
+>;

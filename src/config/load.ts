@@ -89,4 +89,3 @@ export function loadRunConfig(file: string, sets: string[] = []): RunConfig {
 export function configToYaml(c: RunConfig): string {
   return stringifyYaml(c, { lineWidth: 0 });
 }
-

@@ -455,4 +455,3 @@ export type RunConfig = z.output<typeof RunConfigSchema>;
 export type RunConfigInput = z.input<typeof RunConfigSchema>;
 export type AgentConfig = RunConfig["agents"][number];
 export type TaskConfig = RunConfig["task"];
-

@@ -6,7 +6,12 @@ import type { TaskSuite } from "../flexmg/types.ts";
 import { CodeTaskSchema, codeSuite } from "./code/task.ts";
 import { resolveFrom } from "./datasets.ts";
 import { MathTaskSchema, mathSuite } from "./math/task.ts";
-import { OrchestratedTaskSchema, SecretTaskSchema, syntheticSuite, VoteTaskSchema } from "./synthetic/task.ts";
+import {
+  OrchestratedTaskSchema,
+  SecretTaskSchema,
+  syntheticSuite,
+  VoteTaskSchema,
+} from "./synthetic/task.ts";
 
 export const TaskSchema = z
   .discriminatedUnion("kind", [

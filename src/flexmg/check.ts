@@ -2,7 +2,7 @@
 // concurrent agents). It drives fresh envs with seeded random (or scripted) actions and returns the
 // problems it found; an empty list means conformant.
 import { seededRng } from "../rng.ts";
-import type { AgentId, ChatMessage, Env } from "./types.ts";
+import type { AgentId, ChatMessage, Env, Outcome } from "./types.ts";
 
 export interface CheckEnvOptions {
   /** Seeds to run every task with (default [0, 1]). */
@@ -18,8 +18,6 @@ export interface CheckEnvOptions {
   vocabulary?: string[];
   /** Whether an episode may end both terminated and truncated (default false). */
   allowTerminatedAndTruncated?: boolean;
-  /** Whether info() must carry `correct` (boolean) and `score` in [0, 1] at the end (TaskSuite; default true). */
-  requireScore?: boolean;
 }
 
 interface Trace {
@@ -98,6 +96,8 @@ async function runEpisode<T>(
   };
   collect("reset");
   if (env.step() !== 0) problem(`step() after reset is ${env.step()}, expected 0`);
+  if (!(env.terminated || env.truncated) && !throws(() => env.outcome()))
+    problem("outcome() before the episode ended did not throw");
 
   let actions = 0;
   let lastState = env.state().length;
@@ -177,18 +177,37 @@ async function runEpisode<T>(
     const someone = env.agents[0]!;
     if (!throws(() => env.observe(someone))) problem("observe() after the episode ended did not throw");
     if (!(await rejects(() => env.act(someone, "x")))) problem("act() after the episode ended did not throw");
-    const info = env.info();
-    if (opts.requireScore) {
-      if (typeof info["correct"] !== "boolean") problem("info().correct is not a boolean at the end");
-      const score = info["score"];
-      if (typeof score !== "number" || !(score >= 0 && score <= 1)) {
-        problem(`info().score is not a number in [0, 1] at the end: ${String(score)}`);
-      }
+    let outcome: Outcome | undefined;
+    try {
+      outcome = env.outcome();
+    } catch (e) {
+      problem(`outcome() after the episode ended threw: ${(e as Error).message}`);
     }
-    trace.events.push(`end ${env.terminated} ${env.truncated} ${JSON.stringify(info)}`);
+    if (outcome) for (const p of outcomeProblems(outcome)) problem(p);
+    trace.events.push(`end ${env.terminated} ${env.truncated} ${JSON.stringify(outcome)}`);
+    trace.events.push(`info ${JSON.stringify(env.info())}`);
     trace.events.push(`state ${JSON.stringify(env.state())}`);
   }
   return trace;
+}
+
+/** What is wrong with an episode's outcome (empty when nothing is). */
+export function outcomeProblems(o: Outcome): string[] {
+  const out: string[] = [];
+  if (typeof o.correct !== "boolean") out.push(`outcome().correct is not a boolean: ${String(o.correct)}`);
+  if (typeof o.score !== "number" || !(o.score >= 0 && o.score <= 1))
+    out.push(`outcome().score is not a number in [0, 1]: ${String(o.score)}`);
+  if (typeof o.teamReward !== "number" || !Number.isFinite(o.teamReward))
+    out.push(`outcome().teamReward is not a finite number: ${String(o.teamReward)}`);
+  if (typeof o.roleRewards !== "object" || o.roleRewards === null) {
+    out.push("outcome().roleRewards is not an object of role -> reward");
+  } else {
+    for (const [role, r] of Object.entries(o.roleRewards)) {
+      if (typeof r !== "number" || !Number.isFinite(r))
+        out.push(`outcome().roleRewards["${role}"] is not a finite number: ${String(r)}`);
+    }
+  }
+  return out;
 }
 
 /**
@@ -205,7 +224,6 @@ export async function checkEnv<T>(
     maxActions: options.maxActions ?? 200,
     vocabulary: options.vocabulary ?? DEFAULT_VOCAB,
     allowTerminatedAndTruncated: options.allowTerminatedAndTruncated ?? false,
-    requireScore: options.requireScore ?? true,
     policy: options.policy,
   };
   const problems: string[] = [];

@@ -79,7 +79,11 @@ export interface PolicyDatum {
  * prompt + response; weight 1 on the response tokens; the old log-probs (the sampler's, or recomputed)
  * and the advantages there: one per token, or one per action broadcast to its tokens.
  */
-export function policyDatum(s: Step, advantages: readonly number[], oldLogprobs?: readonly number[]): PolicyDatum {
+export function policyDatum(
+  s: Step,
+  advantages: readonly number[],
+  oldLogprobs?: readonly number[],
+): PolicyDatum {
   const P = s.turn.promptIds.length;
   const L = s.turn.responseIds.length;
   const old = oldLogprobs ?? s.turn.logprobs;

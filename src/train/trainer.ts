@@ -3,13 +3,13 @@
 //
 // All randomness of the loop (task order, sample seeds, minibatch order) comes from one seeded PRNG
 // whose state is checkpointed, so on CPU a resumed run reproduces the uninterrupted run's metrics.
-import { ESTIMATORS, normalizeCredit, ZeroAdvantageDetector } from "../algo/index.ts";
+import { type Credit, ESTIMATORS, normalizeCredit, ZeroAdvantageDetector } from "../algo/index.ts";
 import { adapterVersions, type ComputeEngine } from "../client/compute.ts";
 import { adapterOf, usesCritic } from "../config/derived.ts";
 import { CRITIC_ADAPTER, type RunConfig } from "../config/schema.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import { Rng } from "../rng.ts";
-import { checkStaleness } from "../rollout/index.ts";
+import { checkStaleness, type RolloutResult } from "../rollout/index.ts";
 import { playEpisodes } from "./episodes.ts";
 import { type EvalResult, evaluate } from "./evaluate.ts";
 import * as metrics from "./metrics.ts";
@@ -17,7 +17,7 @@ import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
 import type { TrainerState } from "./rundir.ts";
 import { tasksAt, updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
-import { criticValues, type PolicyUpdate, recomputeLogprobs, updateCritic, updatePolicy } from "./update.ts";
+import { criticValues, type PolicyItem, recomputeLogprobs, updateCritic, updatePolicy } from "./update.ts";
 
 export interface TrainerOptions {
   /** Where to continue from (a checkpoint's trainer state); default: iteration 0. */
@@ -73,21 +73,7 @@ export class Trainer {
     const phases = new Phases(it, this.onProgress);
 
     // 1. rollout: the team plays this iteration's tasks; no turn may come from an outdated adapter
-    const tasks = tasksAt(c.seed, this.suite.train.length, this.state.dataCursor, c.train.tasksPerIter);
-    this.state.dataCursor += c.train.tasksPerIter;
-    const seed = this.rng.seed();
-    const { episodes, stats } = await phases.run("rollout", (onProgress) =>
-      playEpisodes({
-        engine: this.engine,
-        suite: this.suite,
-        config: c,
-        tasks: tasks.map((i) => this.suite.train[i]),
-        samplesPerTask: c.train.samplesPerTask,
-        seed,
-        onProgress,
-      }),
-    );
-    this.tokensSampled += stats.tokensSampled;
+    const { episodes, stats } = await phases.run("rollout", (progress) => this.rollout(progress));
     const stale = checkStaleness(episodes, this.versions, { offPolicy: c.train.offPolicy });
 
     // 2. steps: every action, with the env's per-action rewards and its routed share of the outcome
@@ -97,27 +83,25 @@ export class Trainer {
     // 3. credit: the critic's values, then GAE or group baselines, then per-agent normalisation
     const values = usesCritic(c) ? await phases.run("values", () => criticValues(this.engine, steps)) : null;
     const raw = ESTIMATORS[c.algo.estimator](creditBatch(steps, episodes, values), c.algo);
-    const zero = this.detector.check(raw.advantages.flat(), raw.advantages.flatMap((xs, i) => xs.map(() => agents[i]!)));
-    if (zero.warning) this.log(`iteration ${it + 1}: ${zero.warning}`);
-    const norm = c.algo.normalize;
-    const only = norm === true || norm === false ? undefined : new Set(norm);
-    const advantages = norm === false ? raw.advantages : normalizeCredit(raw.advantages, agents, { only, scale: c.algo.normalizeStd }).advantages;
+    this.checkZero(raw, agents);
+    const advantages = normalizeAdvantages(raw, agents, c.algo);
 
     // 4. PPO on each adapter the schedule updates
     const policy: MetricsRow = {};
     for (const adapter of updatingAdapters(c, it)) {
-      const mine = steps.flatMap((step, i) => (this.adapterOf(step) === adapter ? [{ step, advantages: advantages[i]! }] : []));
-      if (mine.length === 0) continue;
-      const u = await phases.run("policy", () => this.updatePolicy(adapter, mine, policy), `policy/${adapter}`);
-      Object.assign(policy, metrics.policyMetrics(adapter, u, c.ppo.klCoef));
+      const mine = this.itemsOf(adapter, steps, advantages);
+      const update = () => this.updatePolicy(adapter, mine);
+      if (mine.length > 0) Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
     }
 
     // 5. the critic towards the returns
-    const critic = usesCritic(c) ? await phases.run("critic", () => updateCritic(this.engine, steps, raw, c, this.rng)) : null;
+    const critic = usesCritic(c)
+      ? await phases.run("critic", () => updateCritic(this.engine, steps, raw, c, this.rng))
+      : null;
     if (critic) this.versions[CRITIC_ADAPTER] = critic.version;
 
-    // 6. metrics, and the state a checkpoint keeps
-    this.state = { ...this.state, iteration: it + 1, rng: this.rng.state(), zeroAdvantageBatches: { ...this.detector.zeroBatches }, adapterVersions: { ...this.versions } };
+    // 6. the state a checkpoint keeps, and the metrics
+    this.advance();
     const ids = c.agents.map((a) => a.id);
     return {
       iteration: it + 1,
@@ -130,23 +114,69 @@ export class Trainer {
     };
   }
 
+  /** The rollout of this iteration: the next tasks of the data stream, a fresh seed from the loop's PRNG. */
+  private async rollout(onProgress: (done: number, total: number) => void): Promise<RolloutResult> {
+    const c = this.config;
+    const tasks = tasksAt(c.seed, this.suite.train.length, this.state.dataCursor, c.train.tasksPerIter);
+    this.state.dataCursor += c.train.tasksPerIter;
+    const r = await playEpisodes({
+      engine: this.engine,
+      suite: this.suite,
+      config: c,
+      tasks: tasks.map((i) => this.suite.train[i]),
+      samplesPerTask: c.train.samplesPerTask,
+      seed: this.rng.seed(),
+      onProgress,
+    });
+    this.tokensSampled += r.stats.tokensSampled;
+    return r;
+  }
+
+  /** Counts (and warns about) agents whose raw advantages are all zero: they get no gradient. */
+  private checkZero(raw: Credit, agents: readonly string[]): void {
+    const zero = this.detector.check(
+      raw.advantages.flat(),
+      raw.advantages.flatMap((xs, i) => xs.map(() => agents[i]!)),
+    );
+    if (zero.warning) this.log(`iteration ${this.state.iteration + 1}: ${zero.warning}`);
+  }
+
+  /** After an iteration: the counters and PRNG state a checkpoint stores to continue exactly here. */
+  private advance(): void {
+    this.state = {
+      ...this.state,
+      iteration: this.state.iteration + 1,
+      rng: this.rng.state(),
+      zeroAdvantageBatches: { ...this.detector.zeroBatches },
+      adapterVersions: { ...this.versions },
+    };
+  }
+
   /** PPO for one adapter, its old log-probs first recomputed where the base computes in bf16. */
-  private async updatePolicy(
-    adapter: string,
-    items: Array<{ step: Step; advantages: number[] }>,
-    row: MetricsRow,
-  ): Promise<PolicyUpdate> {
+  private async updatePolicy(adapter: string, items: PolicyItem[]): Promise<MetricsRow> {
     const c = this.config;
     const owner = c.agents.find((a) => a.id === adapter)!;
     const r = c.ppo.recomputeLogprobs;
+    const row: MetricsRow = {};
     if (r === "auto" ? this.bf16Bases.has(owner.base) : r) {
-      const re = await recomputeLogprobs(this.engine, adapter, items.map((x) => x.step));
+      const re = await recomputeLogprobs(
+        this.engine,
+        adapter,
+        items.map((x) => x.step),
+      );
       row[`logprob_mismatch/${adapter}`] = re.mismatch;
       items = items.map((x, i) => ({ ...x, oldLogprobs: re.oldLogprobs[i]! }));
     }
     const u = await updatePolicy(this.engine, adapter, items, c.ppo, this.rng);
     this.versions[adapter] = u.version;
-    return u;
+    return { ...row, ...metrics.policyMetrics(adapter, u, c.ppo.klCoef) };
+  }
+
+  /** The actions whose turns `adapter` sampled, with their advantages. */
+  private itemsOf(adapter: string, steps: readonly Step[], advantages: number[][]): PolicyItem[] {
+    return steps.flatMap((step, i) =>
+      this.adapterOf(step) === adapter ? [{ step, advantages: advantages[i]! }] : [],
+    );
   }
 
   /** Evaluate the current adapters on the held-out split. */
@@ -173,4 +203,11 @@ export class Trainer {
     if (!a) throw new Error(`rollout returned a turn of unknown agent "${agent}"`);
     return a.role;
   };
+}
+
+/** Per-agent normalisation as the config asks (algo.normalize: all agents, none, or the listed ones). */
+function normalizeAdvantages(raw: Credit, agents: readonly string[], algo: RunConfig["algo"]): number[][] {
+  if (algo.normalize === false) return raw.advantages;
+  const only = algo.normalize === true ? undefined : new Set(algo.normalize);
+  return normalizeCredit(raw.advantages, agents, { only, scale: algo.normalizeStd }).advantages;
 }

@@ -251,7 +251,12 @@ export class CodeEnv extends TeamEnv<CodeProblem> {
     if (this.reviewer !== undefined) {
       roleRewards["reviewer"] = this.reviewerRight.reduce((a, b) => a + b, 0) / this.reviewerRight.length;
     }
-    this.end({ correct: tests.total > 0 && tests.passed === tests.total, score, teamReward: score, roleRewards });
+    this.end({
+      correct: tests.total > 0 && tests.passed === tests.total,
+      score,
+      teamReward: score,
+      roleRewards,
+    });
   }
 
   override info(): Record<string, unknown> {

@@ -14,18 +14,29 @@ export const MathOptionsSchema = z
     extract: z
       .enum(["boxed", "answer", "last-number"])
       .optional()
-      .describe('answer extraction: \\boxed only; "answer" (default): boxed, else "the answer is"; "last-number": also the last number (GSM8K)'),
+      .describe(
+        'answer extraction: \\boxed only; "answer" (default): boxed, else "the answer is"; "last-number": also the last number (GSM8K)',
+      ),
     answerRoles: z
       .array(z.string())
       .min(1)
       .optional()
-      .describe("roles whose answers count for the reward (default: every role but reasoner/planner/orchestrator)"),
-    timeoutMs: z.number().positive().optional().describe("time limit of one answer check in ms (default 2000)"),
+      .describe(
+        "roles whose answers count for the reward (default: every role but reasoner/planner/orchestrator)",
+      ),
+    timeoutMs: z
+      .number()
+      .positive()
+      .optional()
+      .describe("time limit of one answer check in ms (default 2000)"),
   })
   .describe("extra options of the math suite");
 
 /** Validates math options given in code; errors name the field, e.g. `task.options.extract: ...`. */
-export function parseMathOptions(options: unknown, where = "task.options"): z.output<typeof MathOptionsSchema> {
+export function parseMathOptions(
+  options: unknown,
+  where = "task.options",
+): z.output<typeof MathOptionsSchema> {
   return parseOptions(MathOptionsSchema, options, where);
 }
 

@@ -40,17 +40,29 @@ export const lettersField = () =>
       const problem = lettersProblem(letters);
       if (problem) ctx.addIssue({ code: "custom", message: problem, input: letters });
     })
-    .describe('the letters answers are drawn from (default "abcd"); their char codes must differ modulo their count');
+    .describe(
+      'the letters answers are drawn from (default "abcd"); their char codes must differ modulo their count',
+    );
 
 /** Options every synthetic task takes (each task's schema extends these). */
 export const syntheticOptionFields = {
   match: z
     .enum(["exact", "class"])
     .optional()
-    .describe('"class" (default): an answer is right when its first character is in the expected letter\'s class (char code mod the number of letters); "exact": the letter itself'),
-  seed: nonNegInt().optional().describe("seed of the task generator (default 0); train and eval tasks never share an id"),
-  trainSize: posInt().optional().describe("number of generated training tasks (default 64 in code; a run config sets it at task.trainSize)"),
-  evalSize: posInt().optional().describe("number of generated held-out tasks (default 32 in code; task.evalSize in a run config)"),
+    .describe(
+      '"class" (default): an answer is right when its first character is in the expected letter\'s class (char code mod the number of letters); "exact": the letter itself',
+    ),
+  seed: nonNegInt()
+    .optional()
+    .describe("seed of the task generator (default 0); train and eval tasks never share an id"),
+  trainSize: posInt()
+    .optional()
+    .describe(
+      "number of generated training tasks (default 64 in code; a run config sets it at task.trainSize)",
+    ),
+  evalSize: posInt()
+    .optional()
+    .describe("number of generated held-out tasks (default 32 in code; task.evalSize in a run config)"),
 };
 
 export interface SyntheticOptions {
