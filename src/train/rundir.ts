@@ -43,10 +43,8 @@ export interface TrainerState {
   zeroAdvantageBatches: Record<string, number>;
   /** Lines of metrics.jsonl written up to this checkpoint; resume truncates to it. */
   metricsLines: number;
-  /** Adapter versions at save time (a sanity check after loading). */
+  /** Adapter versions at save time. */
   adapterVersions: Record<string, number>;
-  /** Iteration of the first engine restart after a crash, etc.: free-form notes for the log. */
-  notes?: string[];
 }
 
 export class RunDir {

@@ -1,6 +1,6 @@
-// Reference implementations of the PPO losses on plain arrays (DESIGN §4), mirroring the engine's
-// torch code (engine/marft_engine/losses.py) so tests can cross-check the loss values the engine
-// reports. The trainer never computes gradients here; it only compares numbers.
+// Reference implementations of the PPO and value losses on plain arrays (DESIGN §4), a test oracle:
+// tests/ppo-engine.test.ts sends fixed data to the real engine's forward_backward and checks that
+// the loss and statistics it reports equal these, computed from the engine's own forward pass.
 //
 // Conventions (as the engine): per-token arrays are aligned with a datum's tokens; `weights` is 1 on
 // action tokens and 0 elsewhere (position 0 always 0). One call = one list of data; the loss is
