@@ -83,9 +83,8 @@ function baselineConfig(team: RunConfig): RunConfig {
     ...team,
     name: `${team.name}-baseline`,
     agents: [{ ...actor, id: "solo", role: "actor" }],
-    // One action per episode instead of two: twice the episodes. With the demo's token limits
-    // (reasoner 12, actor 20) the baseline then samples about 30% more tokens than the team: a
-    // comparison that favours the baseline (summary.json reports both counts).
+    // One action per episode instead of two: twice the episodes, so the baseline samples at least the
+    // team's tokens, a comparison that favours the baseline (summary.json reports both counts).
     // No evaluation before training: the budget goes to the team's before/after comparison.
     train: {
       ...team.train,

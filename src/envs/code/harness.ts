@@ -112,7 +112,7 @@ def _plain_checkers():
     return plain, cmp
 
 
-# The test rewrite uses the C module _ast (ast.py costs ~7 ms of imports in every run).
+# The test rewrite uses the C module _ast (importing ast.py would cost every run its import time).
 def _call(name, args):
     return _ast.Call(func=_ast.Name(id=name, ctx=_ast.Load()), args=args, keywords=[])
 

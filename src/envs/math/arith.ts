@@ -1,8 +1,8 @@
 // Short arithmetic word problems, generated from a seed: the demo's task.
 //
 // Why generated and not GSM8K: a 135M model solves almost no GSM8K problem, so RL has no signal.
-// One-step "has a, gets b more" problems sit where a small model is right sometimes (about 10-25%
-// greedy) and far more often in some of several samples, which is where RL visibly pays.
+// One-step "has a, gets b more" problems sit where a small model is right sometimes (greedy) and
+// far more often in some of several samples, which is where RL visibly pays.
 // Train and eval problems come from different seeds and every eval problem's text is removed from
 // the training set, so evaluation never sees a training problem.
 import { seededRng } from "../../rng.ts";
