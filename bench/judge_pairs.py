@@ -56,7 +56,8 @@ def literal(node: ast.expr) -> Any:
         return ast.literal_eval(node)
     except ValueError:
         code = compile(ast.Expression(node), "<case>", "eval")
-        return eval(code, {"__builtins__": {}, "math": math})  # noqa: S307 - the case list only
+        # the case list only, with no builtins: one f-string calls math.sqrt
+        return eval(code, {"__builtins__": {}, "math": math})
 
 
 def call_options(fn: ast.FunctionDef) -> dict[str, Any]:
@@ -91,17 +92,20 @@ def math_verify_pairs(root: Path) -> list[dict[str, Any]]:
             if not base:
                 continue
             for dec in fn.decorator_list:
-                if not (isinstance(dec, ast.Call) and ast.unparse(dec.func) == "pytest.mark.parametrize"):
+                if not (
+                    isinstance(dec, ast.Call)
+                    and ast.unparse(dec.func) == "pytest.mark.parametrize"
+                ):
                     continue
                 names = [n.strip() for n in ast.literal_eval(dec.args[0]).split(",")]
                 assert isinstance(dec.args[1], ast.List)
                 for case in dec.args[1].elts:
                     values = dict(zip(names, literal(case), strict=True))
                     expected = values.get("expected", values.get("result"))
+                    # an option given as a test parameter takes that case's value
                     opts = {
                         k: (values[v["param"]] if isinstance(v, dict) else v)
                         for k, v in base.items()
-                        if k not in ("match_types",) or True
                     }
                     opts.setdefault("precision", 6)
                     opts.setdefault("strict", True)
@@ -154,9 +158,17 @@ def hendrycks_pairs(root: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--math-verify", type=Path, help="checkout or git dir of huggingface/Math-Verify")
-    ap.add_argument("--hendrycks", type=Path, help="checkout or git dir of hendrycks/math")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--math-verify",
+        type=Path,
+        help="checkout or git dir of huggingface/Math-Verify",
+    )
+    ap.add_argument(
+        "--hendrycks", type=Path, help="checkout or git dir of hendrycks/math"
+    )
     args = ap.parse_args()
     if not args.math_verify and not args.hendrycks:
         ap.error("give --math-verify and/or --hendrycks")

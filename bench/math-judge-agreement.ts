@@ -16,7 +16,7 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { extractAnswer } from "../src/envs/math/extract.ts";
-import { gradeAnswer } from "../src/envs/math/grader.ts";
+import { checkAnswer } from "../src/envs/math/grader.ts";
 import { MathVerifyPool } from "../src/envs/math/math-verify-pool.ts";
 import { closeSharedSymbolicPool } from "../src/envs/math/pool.ts";
 
@@ -40,7 +40,8 @@ type Pair = z.infer<typeof Pair>;
 const JUDGES = ["ts", "hybrid", "math-verify"] as const;
 type Judge = (typeof JUDGES)[number];
 
-const USAGE = "usage: npx tsx bench/math-judge-agreement.ts PAIRS.jsonl [--judge ts,hybrid,math-verify] [--misses]";
+const USAGE =
+  "usage: npx tsx bench/math-judge-agreement.ts PAIRS.jsonl [--judge ts,hybrid,math-verify] [--misses]";
 
 function parseArgs(argv: string[]): { file: string; judges: Judge[]; misses: boolean } {
   let file: string | null = null;
@@ -52,7 +53,8 @@ function parseArgs(argv: string[]): { file: string; judges: Judge[]; misses: boo
     else if (a === "--judge") {
       const list = (argv[++i] ?? "").split(",");
       const bad = list.filter((j) => !(JUDGES as readonly string[]).includes(j));
-      if (bad.length > 0) throw new Error(`unknown judge ${bad.join(", ")} (known: ${JUDGES.join(", ")})\n${USAGE}`);
+      if (bad.length > 0)
+        throw new Error(`unknown judge ${bad.join(", ")} (known: ${JUDGES.join(", ")})\n${USAGE}`);
       judges = list as Judge[];
     } else if (a.startsWith("-")) throw new Error(`unknown option ${a}\n${USAGE}`);
     else file = a;
@@ -65,19 +67,30 @@ function answerOf(text: string): string {
   return extractAnswer(text, { lastMath: true }) ?? text;
 }
 
-async function verdict(judge: Judge, p: Pair, pool: MathVerifyPool): Promise<{ equal: boolean; note: string }> {
+async function verdict(
+  judge: Judge,
+  p: Pair,
+  pool: MathVerifyPool,
+): Promise<{ equal: boolean; note: string }> {
+  const { bare, ...opts } = p.opts;
+  const asItsTestsRunIt = { gold: p.gold, pred: p.pred, raw: !bare, ...opts };
   if (judge === "math-verify") {
-    const { bare, ...opts } = p.opts;
-    const r = await pool.verify({ gold: p.gold, pred: p.pred, raw: !bare, ...opts }, 20_000);
+    const r = await pool.verify(asItsTestsRunIt, 20_000);
     return r.ok ? { equal: r.equal, note: "" } : { equal: false, note: r.reason };
   }
+  // gradeResponse, with the gold side given as the suite gives it (often a response itself)
   const pred = answerOf(p.pred);
   const gold = answerOf(p.gold);
-  const r = await gradeAnswer(pred, gold, {
-    timeoutMs: 5000,
-    mathVerify: judge === "hybrid" ? pool : false,
-  });
-  return { equal: r.equal, note: `${JSON.stringify(pred.slice(0, 80))} vs ${JSON.stringify(gold.slice(0, 80))} (${r.reason})` };
+  const own = await checkAnswer(pred, gold, { timeoutMs: 5000 });
+  const note = `${JSON.stringify(pred.slice(0, 80))} vs ${JSON.stringify(gold.slice(0, 80))}`;
+  if (judge === "ts" || own.result.equal || own.certain) {
+    return {
+      equal: own.result.equal,
+      note: `${note} (${own.result.reason}${own.certain ? ", certain" : ""})`,
+    };
+  }
+  const r = await pool.verify(asItsTestsRunIt, 20_000);
+  return r.ok ? { equal: r.equal, note: `${note} (math-verify)` } : { equal: false, note: r.reason };
 }
 
 async function main(): Promise<void> {
@@ -92,7 +105,10 @@ async function main(): Promise<void> {
     });
   const pool = new MathVerifyPool();
   const rows: string[] = [];
-  const summary: Record<string, Record<string, { pairs: number; agree: number; fp: number; fn: number }>> = {};
+  const summary: Record<
+    string,
+    Record<string, { pairs: number; agree: number; fp: number; fn: number }>
+  > = {};
   try {
     for (const judge of judges) {
       const t0 = performance.now();
@@ -100,7 +116,10 @@ async function main(): Promise<void> {
       const ms = performance.now() - t0;
       for (const [k, p] of pairs.entries()) {
         const g = got[k]!;
-        const s = ((summary[judge] ??= {})[p.suite] ??= { pairs: 0, agree: 0, fp: 0, fn: 0 });
+        const bySuite = summary[judge] ?? {};
+        summary[judge] = bySuite;
+        const s = bySuite[p.suite] ?? { pairs: 0, agree: 0, fp: 0, fn: 0 };
+        bySuite[p.suite] = s;
         s.pairs++;
         if (g.equal === p.expected) s.agree++;
         else if (g.equal) s.fp++;
@@ -116,11 +135,15 @@ async function main(): Promise<void> {
     await closeSharedSymbolicPool();
   }
   if (rows.length > 0) process.stdout.write(`${rows.join("\n")}\n\n`);
-  process.stdout.write("| judge | suite | pairs | agree | agreement | FP | FN |\n|---|---|---|---|---|---|---|\n");
+  process.stdout.write(
+    "| judge | suite | pairs | agree | agreement | FP | FN |\n|---|---|---|---|---|---|---|\n",
+  );
   for (const [judge, bySuite] of Object.entries(summary)) {
     for (const [suite, s] of Object.entries(bySuite)) {
       const pct = ((100 * s.agree) / s.pairs).toFixed(1);
-      process.stdout.write(`| ${judge} | ${suite} | ${s.pairs} | ${s.agree} | ${pct}% | ${s.fp} | ${s.fn} |\n`);
+      process.stdout.write(
+        `| ${judge} | ${suite} | ${s.pairs} | ${s.agree} | ${pct}% | ${s.fp} | ${s.fn} |\n`,
+      );
     }
   }
   if (pool.version) process.stdout.write(`\nMath-Verify ${pool.version}\n`);

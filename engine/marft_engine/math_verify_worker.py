@@ -7,7 +7,8 @@ signal-based timeouts stay on as a second, in-process guard (this is the process
 Request:  {"id": 7, "gold": "...", "pred": "...", "raw": false, "precision": 6, "strict": true,
            "allow_set_relation_comp": false, "match_types": ["latex", "expr"]}
           raw=false: gold and pred are answers already extracted (wrapped in \\boxed{} to parse);
-          raw=true: both are free text, parsed as Math-Verify's own tests parse them (the bench).
+          raw=true: both are free text, parsed as Math-Verify's own tests parse them (the bench);
+          pred_raw=true: pred alone is free text (a whole response), gold an extracted answer.
 Response: {"id": 7, "equal": true}  or  {"id": 7, "equal": false, "error": "..."}
 The first line written is {"ready": true, "version": "..."} once Math-Verify has been imported.
 
@@ -44,8 +45,11 @@ def main() -> None:
 
     def judge(req: dict[str, Any]) -> bool:
         gold, pred = str(req["gold"]), str(req["pred"])
-        if not req.get("raw", False):
-            gold, pred = f"\\boxed{{{gold}}}", f"\\boxed{{{pred}}}"
+        raw = bool(req.get("raw", False))
+        if not raw:
+            gold = f"\\boxed{{{gold}}}"
+        if not raw and not req.get("pred_raw", False):
+            pred = f"\\boxed{{{pred}}}"
         kinds = targets(list(req.get("match_types", ["latex", "expr"])))
         return bool(
             verify(

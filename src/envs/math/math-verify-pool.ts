@@ -15,6 +15,8 @@ export interface MathVerifyRequest {
   pred: string;
   /** false (default): both are extracted answers; true: both are free text (the bench) */
   raw?: boolean;
+  /** pred alone is free text (a whole response), gold an answer */
+  pred_raw?: boolean;
   /** Math-Verify's float_rounding (default 6) */
   precision?: number;
   strict?: boolean;
@@ -134,7 +136,10 @@ export class MathVerifyPool {
     const child = spawn(this.python, ["-u", this.script], { stdio: ["pipe", "pipe", "pipe"] });
     const slot: Slot = { child, ready: false, job: null, timer: null, buffer: "" };
     this.slots.push(slot);
-    slot.timer = setTimeout(() => this.startFailed(slot, "math-verify worker did not start in time"), this.startupMs);
+    slot.timer = setTimeout(
+      () => this.startFailed(slot, "math-verify worker did not start in time"),
+      this.startupMs,
+    );
     let stderr = "";
     child.stderr.setEncoding("utf8");
     child.stderr.on("data", (d: string) => {
@@ -152,7 +157,10 @@ export class MathVerifyPool {
     child.on("error", (e) => this.startFailedOrCrash(slot, `math-verify worker: ${e.message}`));
     child.on("exit", (code, signal) => {
       const last = stderr.trim().split("\n").slice(-1)[0] ?? "";
-      this.startFailedOrCrash(slot, `math-verify worker exited (${signal ?? code})${last ? `: ${last}` : ""}`);
+      this.startFailedOrCrash(
+        slot,
+        `math-verify worker exited (${signal ?? code})${last ? `: ${last}` : ""}`,
+      );
     });
     child.stdin.on("error", () => {}); // a write to a dying worker: its exit event reports it
     // a starting worker keeps the process alive (jobs may be waiting for it); once ready, only while busy
@@ -168,7 +176,10 @@ export class MathVerifyPool {
     if (!slot.ready) {
       const r = Ready.safeParse(value);
       if (!r.success) return;
-      if (!r.data.ready) return this.startFailed(slot, r.data.error ?? "math-verify worker refused to start");
+      if (!r.data.ready) {
+        this.startFailed(slot, r.data.error ?? "math-verify worker refused to start");
+        return;
+      }
       slot.ready = true;
       this.version = r.data.version ?? null;
       this.clearTimer(slot);
@@ -182,14 +193,21 @@ export class MathVerifyPool {
     this.clearTimer(slot);
     slot.job = null;
     this.idle(slot);
-    job.resolve(a.data.error ? { ok: false, reason: `math-verify error: ${a.data.error}` } : { ok: true, equal: a.data.equal });
+    job.resolve(
+      a.data.error
+        ? { ok: false, reason: `math-verify error: ${a.data.error}` }
+        : { ok: true, equal: a.data.equal },
+    );
     this.pump();
   }
 
   private dispatch(slot: Slot, job: Job): void {
     slot.job = job;
     this.busy(slot);
-    slot.timer = setTimeout(() => this.crash(slot, `math-verify timeout after ${job.timeoutMs} ms`), job.timeoutMs);
+    slot.timer = setTimeout(
+      () => this.crash(slot, `math-verify timeout after ${job.timeoutMs} ms`),
+      job.timeoutMs,
+    );
     slot.child.stdin.write(`${JSON.stringify({ id: job.id, ...job.req })}\n`);
   }
 
@@ -207,7 +225,8 @@ export class MathVerifyPool {
       s.job = null;
       void this.kill(s);
     }
-    for (const j of this.queue.splice(0)) j.resolve({ ok: false, reason: `math-verify unavailable: ${reason}` });
+    for (const j of this.queue.splice(0))
+      j.resolve({ ok: false, reason: `math-verify unavailable: ${reason}` });
   }
 
   /** A running worker that hung or died: its job fails, and a fresh worker starts when needed. */
@@ -237,12 +256,14 @@ export class MathVerifyPool {
   /** An idle worker must not keep the process alive; a busy one must. */
   private idle(slot: Slot): void {
     slot.child.unref();
-    for (const s of [slot.child.stdin, slot.child.stdout, slot.child.stderr]) (s as unknown as { unref(): void }).unref();
+    for (const s of [slot.child.stdin, slot.child.stdout, slot.child.stderr])
+      (s as unknown as { unref(): void }).unref();
   }
 
   private busy(slot: Slot): void {
     slot.child.ref();
-    for (const s of [slot.child.stdin, slot.child.stdout, slot.child.stderr]) (s as unknown as { ref(): void }).ref();
+    for (const s of [slot.child.stdin, slot.child.stdout, slot.child.stderr])
+      (s as unknown as { ref(): void }).ref();
   }
 
   private clearTimer(slot: Slot): void {

@@ -1,7 +1,6 @@
 // Turning a LaTeX answer into comparable pieces, all synchronous and linear-time on bounded input:
 //   normalizeAnswer: string clean-up (units, \text, \left/\right, \dfrac, degrees, $, %, thousands, "x =")
 //   parseAnswer:     structure (tuples, intervals, sets, unions, \pm, equations, matrices)
-//   fastNumber:      plain numbers and fractions, compared without any symbolic work
 //   latexToExpr:     a LaTeX expression in mathjs syntax, for the symbolic check in the worker
 
 /** Longest answer (after normalization) that gets more than an exact string comparison. */
@@ -66,7 +65,7 @@ const UNIT = `(?:${UNIT_WORDS.join("|")})(?:\\s*\\^\\s*\\{?[23]\\}?)?`;
 const UNIT_TAIL = new RegExp(`^(.*[\\d}])\\s+${UNIT}(?:\\s+${UNIT})?$`, "i");
 // \text{...}/\mbox{...} after something that ends in a digit, brace or \pi is a unit: "15\mbox{ cm}^2"
 const TEXT_UNIT_TAIL =
-  /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm)\{[^{}]*\}(?:\s*\^\s*\{?[23]\}?)?$/;
+  /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm|textbf|textnormal|textit|mathbf)\{[^{}]*\}(?:\s*\^\s*\{?[23]\}?)?$/;
 const TEXT_COMMANDS =
   /\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|textnormal|mathit)\{([^{}]*)\}/g;
 
@@ -86,8 +85,16 @@ export function normalizeAnswer(raw: string): string {
   // math delimiters and spacing commands
   s = s.replace(/^\\\[|\\\]$/g, "").replace(/^\\\(|\\\)$/g, "");
   s = s.replace(/\\\$/g, "").replace(/\$/g, "");
+  // a thousands separator written with a thin space: "10,\\!080", "11,\\! 111"
+  s = s.replace(/(\d),\\!\s*(?=\d{3})/g, "$1,");
   // spacing commands, but not the row break "\\" (matrices)
-  s = s.replace(/\\\\|\\[,;:! ]/g, (m) => (m === "\\\\" ? m : " ")).replace(/~/g, " ");
+  s = s.replace(/\\\\|\\[,;:! ]|\\q?quad(?![a-zA-Z])/g, (m) => (m === "\\\\" ? m : " ")).replace(/~/g, " ");
+  s = s.replace(/\\[lr]?vert(?![a-zA-Z])|\\[lr]Vert(?![a-zA-Z])/g, "|");
+  s = s.replace(/\\[dt]binom(?![a-zA-Z])/g, "\\binom");
+  // "x = \\frac13 \\approx 0.33": the exact value is the answer; "\\sqrt{30} \\approx 10.9": the value is
+  const approx = splitTopLevel(s, "\\approx");
+  if (approx.length > 1)
+    s = splitTopLevel(approx[0]!, "=").length > 1 ? approx[0]! : approx[approx.length - 1]!;
   s = s.replace(/\\(?:displaystyle|textstyle)\b/g, "");
   s = s.replace(/(\\[a-zA-Z]+)\s+(?=[{[])/g, "$1"); // "\text {x}" is "\text{x}"
   s = s.replace(/\\[dtc]frac(?![a-zA-Z])/g, "\\frac");
@@ -115,13 +122,17 @@ export function normalizeAnswer(raw: string): string {
   // "x = 5", "k=2", "x \in [-2, 7]": the value is the answer (only when the left side is one symbol)
   const lhs = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$/.exec(s);
   if (lhs && !lhs[1]!.includes("=")) s = lhs[1]!;
+  const spacedComma = /\d,\s+\d/.test(s);
+  // semicolons separate items as commas do: "-12;-11;-10", "(0;-2;6)"
+  s = s.replace(/;/g, ",");
   // whitespace: gone, except where it ends a command name ("\cot x")
   s = s
     .replace(/(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])/g, "$1\uE000")
     .replace(/\s+/g, "")
     .replace(/\uE000/g, " ");
-  // thousands separators, only when the whole answer is one such number: "58,500", "11,111,111,100"
-  if (/^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$/.test(s)) s = s.replace(/,/g, "");
+  // thousands separators, only when the whole answer is one such number: "58,500", "11,111,111,100";
+  // not "32, 349" (a comma then a space separates a list) and not "0,111" (a decimal comma)
+  if (/^[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$/.test(s) && !spacedComma) s = s.replace(/,/g, "");
   // multiple choice: "(B)" and "B" are the same choice
   const choice = /^\(([A-Ea-e])\)$/.exec(s);
   if (choice) s = choice[1]!.toUpperCase();
@@ -160,7 +171,52 @@ export type AnswerNode =
   /** unordered: a bare list "1, -2", a set \{...\}, the two values of \pm, the pieces of a union */
   | { t: "set"; union: boolean; items: AnswerNode[] };
 
-const SINGLE_SYMBOL = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?$/;
+const SYMBOL = "(?:[a-zA-Z]|\\\\[a-zA-Z]+)(?:_\\{?\\w+\\}?)?";
+const SINGLE_SYMBOL = new RegExp(`^${SYMBOL}$`);
+/** What names an answer on the left of "=": a symbol, f(x), a tuple of symbols, a segment AB. */
+const LABEL = new RegExp(`^(?:${SYMBOL}(?:\\([^()]*\\))?|\\(${SYMBOL}(?:,${SYMBOL})+\\)|[A-Z]{2,3})$`);
+
+/**
+ * An inequality in one variable as the interval it describes: "1<x<2" is (1,2), "x \\le 5" and
+ * "5 \\ge x" are (-\\infty,5]. Null for anything else.
+ */
+function inequality(s: string): AnswerNode | null {
+  const OP = /<|>|\\(?:le|ge|lt|gt)(?![a-zA-Z])/g;
+  const ops = [...s.matchAll(OP)];
+  if (ops.length === 0 || ops.length > 2) return null;
+  const parts: string[] = [];
+  let from = 0;
+  for (const m of ops) {
+    parts.push(s.slice(from, m.index).trim());
+    from = m.index + m[0].length;
+  }
+  parts.push(s.slice(from).trim());
+  const kinds = ops.map((m) => m[0].trim());
+  const less = (k: string) => k === "<" || k === "\\le" || k === "\\lt";
+  const strict = (k: string) => k === "<" || k === ">" || k === "\\lt" || k === "\\gt";
+  const v = parts.findIndex((p) => SINGLE_SYMBOL.test(p));
+  if (v < 0 || parts.some((p) => p === "")) return null;
+  let lo = "-\\infty";
+  let hi = "\\infty";
+  let open = "(";
+  let close = ")";
+  const bound = (side: "lo" | "hi", value: string, k: string) => {
+    if (side === "lo") [lo, open] = [value, strict(k) ? "(" : "["];
+    else [hi, close] = [value, strict(k) ? ")" : "]"];
+  };
+  if (parts.length === 2) {
+    const k = kinds[0]!;
+    // x < 5 or 5 > x: an upper bound; x > 5 or 5 < x: a lower bound
+    const upper = v === 0 ? less(k) : !less(k);
+    bound(upper ? "hi" : "lo", parts[1 - v]!, k);
+  } else {
+    if (v !== 1 || less(kinds[0]!) !== less(kinds[1]!)) return null;
+    const [a, b] = less(kinds[0]!) ? [0, 2] : [2, 0];
+    bound("lo", parts[a]!, kinds[less(kinds[0]!) ? 0 : 1]!);
+    bound("hi", parts[b]!, kinds[less(kinds[0]!) ? 1 : 0]!);
+  }
+  return { t: "seq", open, close, items: [parseAnswer(lo, 9), parseAnswer(hi, 9)] };
+}
 const OPEN = "([{";
 const CLOSE = ")]}";
 
@@ -251,53 +307,15 @@ export function parseAnswer(s: string, depth = 0): AnswerNode {
     return { t: "set", union: false, items };
   }
   const eq = splitTopLevel(s, "=");
+  // a chain "x = 2 + 3 = 5": the value after the last "=" is the answer
+  if (eq.length > 2) return parseAnswer(eq[eq.length - 1]!, depth + 1);
   if (eq.length === 2) {
-    // an item "x=2" of a list "x=2,x=3" is its value, as a whole answer "x=2" is (normalizeAnswer)
-    if (SINGLE_SYMBOL.test(eq[0]!)) return parseAnswer(eq[1]!, depth + 1);
+    // a labelled answer: "x=2" (an item of "x=2,x=3" too), "f(x)=1", "(p,q)=(3,2)", "AB=4"
+    if (LABEL.test(eq[0]!)) return parseAnswer(eq[1]!, depth + 1);
+    // an equation: "a + 3z = 0" is not the value 0
     return { t: "eq", lhs: eq[0]!, rhs: eq[1]! };
   }
-  return { t: "atom", s };
-}
-
-// ---------------------------------------------------------------------------------------------
-// Numbers without symbolic work
-
-export type FastValue = { kind: "int"; v: bigint } | { kind: "real"; v: number };
-
-/** Plain integers, decimals, a/b, \frac{a}{b}, \frac ab, mixed numbers "1\frac{4}{5}"; else null. */
-export function fastNumber(s: string): FastValue | null {
-  if (s.length > 200) return null;
-  if (/^[+-]?\d+$/.test(s)) return { kind: "int", v: BigInt(s) };
-  if (/^[+-]?(?:\d+\.\d*|\.\d+)$/.test(s)) return real(Number(s));
-  const frac = /^([+-]?)(?:\\frac\{(\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}|\\frac(\d)(\d)|(\d+)\/(\d+))$/.exec(
-    s,
-  );
-  if (frac) {
-    const num = Number(frac[2] ?? frac[4] ?? frac[6]);
-    const den = Number(frac[3] ?? frac[5] ?? frac[7]);
-    return real((frac[1] === "-" ? -1 : 1) * (num / den));
-  }
-  const mixed = /^([+-]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$/.exec(s);
-  if (mixed) {
-    const v = Number(mixed[2]) + Number(mixed[3]) / Number(mixed[4]);
-    return real(mixed[1] === "-" ? -v : v);
-  }
-  return null;
-}
-
-function real(v: number): FastValue | null {
-  return Number.isFinite(v) ? { kind: "real", v } : null;
-}
-
-/** Relative tolerance for numbers: answers are exact, so this absorbs floating-point error only (0.333333 is not 1/3). */
-export const REL_TOL = 1e-9;
-
-export function fastEqual(a: FastValue, b: FastValue): boolean {
-  if (a.kind === "int" && b.kind === "int") return a.v === b.v;
-  const x = Number(a.v);
-  const y = Number(b.v);
-  const d = Math.abs(x - y);
-  return d <= REL_TOL * Math.max(Math.abs(x), Math.abs(y)) || d <= 1e-12;
+  return inequality(s) ?? { t: "atom", s };
 }
 
 // ---------------------------------------------------------------------------------------------
