@@ -7,10 +7,12 @@
 // The pairs are the suites' data and stay outside this repository.
 //
 // Judges, each fed a pair the way it is used:
-//   ts           the TypeScript checker alone: extractAnswer on both sides (a side without an answer
-//                marker is taken whole), then gradeAnswer with Math-Verify off
-//   hybrid       the same, with Math-Verify consulted where the TypeScript checker is not certain
-//                (what the training reward uses when Python is there)
+//   ts           the TypeScript checker alone: extractAnswer on both sides in its most lenient mode
+//                (box, "the answer is", last math span, last number; a side with none is taken
+//                whole), then checkAnswer
+//   hybrid       the same, and where the TypeScript checker is not certain and the response commits
+//                to an answer, Math-Verify on the raw pair (gradeResponse: the training reward's
+//                judge when Python is there)
 //   math-verify  Math-Verify alone, run on the raw texts exactly as its own tests run it (their
 //                extraction targets, float rounding, strictness), through the worker pool
 import { readFileSync } from "node:fs";
@@ -63,8 +65,12 @@ function parseArgs(argv: string[]): { file: string; judges: Judge[]; misses: boo
   return { file, judges, misses };
 }
 
-function answerOf(text: string): string {
-  return extractAnswer(text, { lastMath: true }) ?? text;
+/** The free-form extraction the suites test: box, "the answer is", last math span, last number. */
+const LENIENT = { lastMath: true, lastNumber: true };
+
+/** A suite of bare answers (hendrycks) is graded as answers; the others' sides are responses. */
+function answerOf(text: string, bare: boolean | undefined): string {
+  return bare ? text : (extractAnswer(text, LENIENT) ?? text);
 }
 
 async function verdict(
@@ -79,11 +85,13 @@ async function verdict(
     return r.ok ? { equal: r.equal, note: "" } : { equal: false, note: r.reason };
   }
   // gradeResponse, with the gold side given as the suite gives it (often a response itself)
-  const pred = answerOf(p.pred);
-  const gold = answerOf(p.gold);
+  const pred = answerOf(p.pred, bare);
+  const gold = answerOf(p.gold, bare);
   const own = await checkAnswer(pred, gold, { timeoutMs: 5000 });
   const note = `${JSON.stringify(pred.slice(0, 80))} vs ${JSON.stringify(gold.slice(0, 80))}`;
-  if (judge === "ts" || own.result.equal || own.certain) {
+  // as gradeResponse with lastNumber: Math-Verify only for a response that has an answer to find
+  const committed = bare || extractAnswer(p.pred, LENIENT) !== null;
+  if (judge === "ts" || own.result.equal || own.certain || !committed) {
     return {
       equal: own.result.equal,
       note: `${note} (${own.result.reason}${own.certain ? ", certain" : ""})`,

@@ -131,15 +131,16 @@ function withoutCode(text: string): string {
   return text.replace(/```[\s\S]*?(?:```|$)/g, " ").replace(/`[^`\n]*`/g, " ");
 }
 
-// a number not glued to a letter, an exponent or a subscript (x^2, a_1, 3rd are not answers)
-const NUMBER = /(?<![\w^_.])-?\d[\d,]*(?:\.\d+)?(?![\w.]*[a-zA-Z_^])|(?<![\w^_.])-?\.\d+(?![a-zA-Z_^])/g;
+// A number, with thousands groups ("7,425,000", "1 000"), a decimal point or comma ("1000,99"), or a
+// fraction ("2/3"); not one that is an exponent or subscript, or glued to a variable (x^2, a_1, 2x).
+const NUMBER =
+  /(?<![\w^_.,/{])-?(?:\d{1,3}(?:(?:,| )\d{3})+(?![\d,])(?:\.\d+)?|\d+(?:[.,]\d+)?(?:\/\d+)?|\.\d+)(?![\d^_]|[a-z](?![a-z²³]))/g;
 
-/** The last number in the text outside code (thousands separators removed), e.g. GSM8K-style answers. */
+/** The last number in the text outside code, e.g. GSM8K-style answers (normalization reads separators). */
 export function extractLastNumber(text: string): string | null {
   let last: string | null = null;
   for (const m of withoutCode(text).matchAll(NUMBER)) last = m[0];
-  if (last === null) return null;
-  return last.replace(/,(?=\d{3}(?:\D|$))/g, "").replace(/,+$/, "");
+  return last === null ? null : last.replace(/ /g, "");
 }
 
 export interface ExtractOptions {

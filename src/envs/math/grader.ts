@@ -78,9 +78,15 @@ export async function gradeResponse(
 ): Promise<ResponseGradeResult> {
   const predExtracted = extractAnswer(response, opts);
   const own = await checkAnswer(predExtracted ?? "", gold, opts);
-  const base = { ...own.result, predExtracted };
-  if (predExtracted === null) base.reason = "no answer found";
+  const base = {
+    ...own.result,
+    predExtracted,
+    ...(predExtracted === null ? { reason: "no answer found" } : {}),
+  };
   if (own.result.equal || (own.certain && predExtracted !== null)) return base;
+  // No answer in the form asked for: not rewarded, whatever Math-Verify would dig out, unless the
+  // caller accepts unmarked answers (lastNumber), as Math-Verify's own extraction does.
+  if (predExtracted === null && !opts.lastNumber) return { ...base, reason: "no answer found" };
   const r = await secondOpinion(base, { gold, pred: response, pred_raw: true }, opts);
   return { ...r, predExtracted };
 }
@@ -162,9 +168,12 @@ export async function checkAnswer(
     reason = "symbolic";
   }
   const equal = compare(tp, tg, table);
+  // answers that differ only in letter case differ in their variables (3r^2 is not 3R^2), which
+  // Math-Verify does not see; text answers were compared without case above
+  const caseOnly = p.toLowerCase() === g.toLowerCase();
   return {
     result: { ...base, equal, reason: equal ? reason : table.huge ? "too large" : "not equal" },
-    certain: table.certain,
+    certain: table.certain || caseOnly,
   };
 }
 
