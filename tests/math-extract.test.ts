@@ -68,7 +68,7 @@ describe("extractLastNumber", () => {
   });
 
   it("reads thousands groups, decimal commas and fractions whole", () => {
-    expect(extractLastNumber("in total 7,425,000 people")).toBe("7,425,000");
+    expect(extractLastNumber("in total 7,425,000 people")).toBe("7425000");
     expect(extractLastNumber("about 1 000 units")).toBe("1000");
     expect(extractLastNumber("le prix est 2,74 euros")).toBe("2,74");
     expect(extractLastNumber("P(A) = 2/3 in the end")).toBe("2/3");

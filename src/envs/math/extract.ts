@@ -136,11 +136,16 @@ function withoutCode(text: string): string {
 const NUMBER =
   /(?<![\w^_.,/{])-?(?:\d{1,3}(?:(?:,| )\d{3})+(?![\d,])(?:\.\d+)?|\d+(?:[.,]\d+)?(?:\/\d+)?|\.\d+)(?![\d^_]|[a-z](?![a-z²³]))/g;
 
-/** The last number in the text outside code, e.g. GSM8K-style answers (normalization reads separators). */
+/**
+ * The last number in the text outside code, e.g. GSM8K-style answers. Thousands separators are
+ * removed ("1,234,567" is "1234567"); a decimal comma stays for the grader to read ("2,74").
+ */
 export function extractLastNumber(text: string): string | null {
   let last: string | null = null;
   for (const m of withoutCode(text).matchAll(NUMBER)) last = m[0];
-  return last === null ? null : last.replace(/ /g, "");
+  if (last === null) return null;
+  last = last.replace(/ /g, "");
+  return /^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$/.test(last) ? last.replace(/,/g, "") : last;
 }
 
 export interface ExtractOptions {

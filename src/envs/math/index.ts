@@ -16,7 +16,21 @@ export {
   type MathSuiteOptions,
   parseMathOptions,
 } from "./env.ts";
-export { extractAnswer, extractAnswerIs, extractBoxed, extractLastNumber } from "./extract.ts";
-export { type GradeOptions, type GradeResult, gradeAnswer } from "./grader.ts";
+export {
+  extractAnswer,
+  extractAnswerIs,
+  extractBoxed,
+  extractLastMath,
+  extractLastNumber,
+} from "./extract.ts";
+export {
+  checkAnswer,
+  type GradeOptions,
+  type GradeResult,
+  gradeAnswer,
+  gradeResponse,
+  type ResponseGradeResult,
+} from "./grader.ts";
+export { closeSharedMathVerifyPool, MathVerifyPool, sharedMathVerifyPool } from "./math-verify-pool.ts";
 export { normalizeAnswer } from "./normalize.ts";
 export { closeSharedSymbolicPool, SymbolicPool, sharedSymbolicPool } from "./pool.ts";
