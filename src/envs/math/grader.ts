@@ -13,6 +13,7 @@ import {
   MAX_SYMBOLIC_LENGTH,
   normalizeAnswer,
   parseAnswer,
+  splitTopLevel,
 } from "./normalize.ts";
 import { type SymbolicPair, type SymbolicPool, sharedSymbolicPool } from "./pool.ts";
 
@@ -149,8 +150,11 @@ export async function checkAnswer(
   // Phase 1: every scalar comparison the structures need, decided cheaply where possible.
   const table = new ScalarTable();
   if (!collect(tp, tg, table)) {
-    // shapes that cannot match; certain when both are made of constants (nothing to reinterpret)
-    const certain = allConstant(tp) && allConstant(tg);
+    // shapes that cannot match; certain when both are made of constants (nothing to reinterpret), or
+    // an equation faces a value: "a+3z=0" is not the answer 0 (Math-Verify reads its right side)
+    // ("y = 2x+3" is read as its value; against "2x - y + 3 = 0" Math-Verify is still asked)
+    const oneEquation = pred.includes("=") !== gold.includes("=");
+    const certain = (allConstant(tp) && allConstant(tg)) || (oneEquation && equationAgainstValue(tp, tg));
     return { result: { ...base, equal: false, reason: "structure" }, certain };
   }
   // Phase 2: the rest in one worker job.
@@ -191,6 +195,19 @@ function decimalCommas(p: string, g: string): [string, string] {
     return `${m[1]}.${m[2]}`;
   };
   return [fix(p, g), fix(g, p)];
+}
+
+/**
+ * An equation whose left side is a sum or a constant ("a+3z=0", "7=11a+c") against something that is
+ * not an equation: never equal. (A left side that only names the value, "|AB|=1", "A:B=1", is left
+ * to Math-Verify, which reads the value after "=".)
+ */
+function equationAgainstValue(x: AnswerNode, y: AnswerNode): boolean {
+  const [eq, other] = x.t === "eq" ? [x, y] : [y, x];
+  if (eq.t !== "eq" || other.t === "eq") return false;
+  const lhs = eq.lhs;
+  const sum = splitTopLevel(lhs, "+").length > 1 || splitTopLevel(lhs.replace(/^-/, ""), "-").length > 1;
+  return sum || typeof constantValue(lhs) !== "string";
 }
 
 function allConstant(n: AnswerNode): boolean {

@@ -105,7 +105,8 @@ export function normalizeAnswer(raw: string): string {
   s = s.replace(/\\degree(?![a-zA-Z])/g, "");
   s = s.replace(/\\%|%/g, "");
   s = s.replace(/\{,\}/g, ",");
-  s = s.replace(/\\(?:le|leq)(?![a-zA-Z])/g, "\\le ").replace(/\\(?:ge|geq)(?![a-zA-Z])/g, "\\ge ");
+  s = s.replace(/\\(?:le|leq)(?![a-zA-Z])|<=/g, "\\le ").replace(/\\(?:ge|geq)(?![a-zA-Z])|>=/g, "\\ge ");
+  s = s.replace(/\\(?:ne|neq)(?![a-zA-Z])|!=/g, "\\ne ");
   s = s.replace(/\\(?:infty|infinity)(?![a-zA-Z])/g, "\\infty ").replace(/\+\s*\\infty/g, "\\infty");
   s = s.trim().replace(/[.\s]+$/, "");
   // "x = 2 \text{ or } x = 3", "2 and 3": a list of answers
