@@ -1,4 +1,5 @@
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { createInterface } from "node:readline";
 import { describe, expect, it } from "vitest";
 
 const ROOT = new URL("..", import.meta.url).pathname;
@@ -61,5 +62,61 @@ describe("marft grade math", () => {
     const r = grade(["math", "--bogus"], "");
     expect(r.status).toBe(2);
     expect(r.stderr).toMatch(/unknown option "--bogus"/);
+  });
+
+  it("--help prints usage and exits 0, for the task and for grade itself", () => {
+    for (const args of [
+      ["math", "--help"],
+      ["math", "-h"],
+      ["--help"],
+      ["math", "--last-number", "--help"],
+    ]) {
+      const r = spawnSync("node", ["bin/marft.mjs", "grade", ...args], { cwd: ROOT, encoding: "utf8" });
+      expect(r.status, args.join(" ")).toBe(0);
+      expect(r.stderr).toBe("");
+      expect(r.stdout).toMatch(/^usage: marft grade math/);
+    }
+  });
+
+  it("streams: each verdict comes as soon as its line is graded, before stdin closes", async () => {
+    const child = spawn("node", ["bin/marft.mjs", "grade", "math"], {
+      cwd: ROOT,
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    const lines = createInterface({ input: child.stdout })[Symbol.asyncIterator]();
+    const next = async (ms: number) => {
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no verdict within ${ms} ms`)), ms);
+      });
+      try {
+        const r = await Promise.race([lines.next(), timeout]);
+        return JSON.parse(String(r.value)) as Record<string, unknown>;
+      } finally {
+        clearTimeout(timer);
+      }
+    };
+    try {
+      // one line, then wait for its verdict with stdin still open; then the next
+      child.stdin.write(`${JSON.stringify({ pred: "\\frac12", gold: "0.5" })}\n`);
+      expect(await next(30_000)).toMatchObject({ equal: true });
+      child.stdin.write(`${JSON.stringify({ pred: "2^{31}-1", gold: "2147483648" })}\n`);
+      expect(await next(10_000)).toMatchObject({ equal: false });
+      child.stdin.write("not json\n");
+      expect(await next(10_000)).toMatchObject({ line: 3 });
+    } finally {
+      child.stdin.end();
+      child.kill();
+    }
+  }, 60_000);
+
+  it("keeps input order when a later line is graded first", () => {
+    // the first line needs the symbolic worker, the second is decided at once
+    const input = [
+      JSON.stringify({ pred: "(x+1)^2", gold: "x^2+2x+1" }),
+      JSON.stringify({ pred: "3", gold: "4" }),
+    ].join("\n");
+    const { out } = grade(["math", "--no-math-verify"], input);
+    expect(out.map((v) => v.equal)).toEqual([true, false]);
   });
 });

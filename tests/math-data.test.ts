@@ -80,7 +80,9 @@ describe("answer extraction", () => {
   it("handles \\boxed 5, \\fbox{} and unclosed boxes", () => {
     expect(extractBoxed("so $\\boxed 5$.")).toBe("5");
     expect(extractBoxed("answer: \\fbox{42}")).toBe("42");
-    expect(extractBoxed("\\boxed{12} and \\fbox{13}")).toBe("13");
+    // boxes standing together hold one answer; prose between them separates them
+    expect(extractBoxed("\\boxed{12} and \\fbox{13}")).toBe("12, 13");
+    expect(extractBoxed("\\boxed{12}. On second thought, \\fbox{13}")).toBe("13");
     expect(extractBoxed("\\boxed{\\frac{1}{2}")).toBeNull();
     expect(extractBoxed("no box here")).toBeNull();
     expect(extractBoxed("\\boxedx")).toBeNull();

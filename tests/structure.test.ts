@@ -26,7 +26,7 @@ const pySources = () => [
 ];
 
 /** The first import cycle of a graph (module -> modules it imports), or null. */
-export function findCycle(graph: Map<string, string[]>): string[] | null {
+function findCycle(graph: Map<string, string[]>): string[] | null {
   const state = new Map<string, "open" | "done">();
   const path: string[] = [];
   const visit = (n: string): string[] | null => {

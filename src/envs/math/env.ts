@@ -29,7 +29,7 @@ import { TeamEnv } from "../../flexmg/team.ts";
 import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
 import { loadMathSplits, type MathProblem } from "./data.ts";
 import { extractAnswer, extractBoxed } from "./extract.ts";
-import { type GradeResult, gradeAnswer } from "./grader.ts";
+import { type GradeResult, gradeAnswer, gradeResponse } from "./grader.ts";
 
 export type { MathProblem } from "./data.ts";
 
@@ -133,9 +133,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
     this.team.record(agent, text); // synchronous, before any await (TeamEpisode's contract)
     if (this.answering.has(agent)) {
       const answer = extractWith(this.extract, text);
-      const result =
-        answer === null ? Promise.resolve(null) : gradeAnswer(answer, problem.answer, this.check());
-      this.checks.push({ agent, answer, result });
+      this.checks.push({ agent, answer, result: this.grade(text, answer, problem.answer) });
     }
     if (this.team.graph.kind === "dynamic") this.scheduleNamed(text);
     if (!this.team.stepComplete()) return;
@@ -196,8 +194,18 @@ export class MathEnv extends TeamEnv<MathProblem> {
     return Object.fromEntries(Object.keys(sum).map((role) => [role, sum[role]! / count[role]!]));
   }
 
-  private check(): { timeoutMs: number } {
-    return { timeoutMs: this.timeoutMs };
+  /**
+   * The reward's judge. "boxed": the boxed answer alone. Otherwise the whole response: the TypeScript
+   * checker on the answer it commits to, and Math-Verify on the response where that is not certain
+   * (src/envs/math/grader.ts); no answer in the form asked for is never rewarded.
+   */
+  private grade(text: string, answer: string | null, gold: string): Promise<GradeResult | null> {
+    if (answer === null && this.extract !== "last-number") return Promise.resolve(null);
+    if (this.extract === "boxed") return gradeAnswer(answer!, gold, { timeoutMs: this.timeoutMs });
+    return gradeResponse(text, gold, {
+      timeoutMs: this.timeoutMs,
+      lastNumber: this.extract === "last-number",
+    });
   }
 
   /** Dynamic graphs: each attempt starts with the first agent in profile order. */

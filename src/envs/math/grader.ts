@@ -1,77 +1,162 @@
 // Math answer equivalence: would a mathematician accept `pred` for `gold`?
-// Cheap checks run synchronously (normal forms, plain numbers); only what is left goes to the symbolic
-// worker pool, under a time limit. The checker never throws and never hangs: a failure is `equal: false`.
+// Cheap checks run synchronously (normal forms, exact values of constants); what is left goes to the
+// symbolic worker pool, under a time limit. Where the TypeScript checker is not certain (it found
+// no equality and the answers are not plain constants), Math-Verify is consulted when its Python
+// pool is available (see docs/MATH-JUDGE.md). The checker never throws and never hangs: a failure
+// is `equal: false` with a reason.
+import { compareValues, constantValue } from "./exact.ts";
+import { type ExtractOptions, extractAnswer } from "./extract.ts";
+import { type MathVerifyPool, type MathVerifyRequest, sharedMathVerifyPool } from "./math-verify-pool.ts";
 import {
   type AnswerNode,
-  fastEqual,
-  fastNumber,
-  latexToExpr,
   MAX_SYMBOLIC_LENGTH,
   normalizeAnswer,
   parseAnswer,
+  splitTopLevel,
 } from "./normalize.ts";
+import { latexToExpr } from "./latex-expr.ts";
 import { type SymbolicPair, type SymbolicPool, sharedSymbolicPool } from "./pool.ts";
 
 export interface GradeOptions {
   /**
-   * Time limit of the symbolic check in ms (default 2000), counted from when a worker takes the job:
-   * waiting for a free worker is bounded by the jobs ahead (each under its own limit), and a worker
-   * that cannot start fails its jobs after 30 s. The cheap synchronous checks run on bounded input.
+   * Time limit in ms of each slow check (default 2000): the symbolic check, then Math-Verify, each
+   * counted from when a worker takes the job. Waiting for a free worker is bounded by the jobs ahead
+   * (each under its own limit), and a worker that cannot start fails its jobs. The cheap synchronous
+   * checks run on bounded input.
    */
   timeoutMs?: number;
   /** The pool to run symbolic checks in (default: the process-wide one). */
   pool?: SymbolicPool;
+  /**
+   * The Math-Verify pool to consult where the TypeScript checker is not certain (default: the
+   * process-wide one, when $MARFT_MATH_VERIFY is not "0"), or false for the TypeScript checker alone.
+   */
+  mathVerify?: MathVerifyPool | false;
 }
 
 export interface GradeResult {
   equal: boolean;
   predNormalized: string;
   goldNormalized: string;
-  /** How the verdict was reached: "string", "number", "symbolic", "structure", "timeout ...", ... */
+  /**
+   * How the verdict was reached: "string", "number" (exact values), "symbolic", "math-verify",
+   * "not equal", "structure", "too large", "timeout ...", ...
+   */
   reason?: string;
 }
 
 /** Raw inputs longer than this are compared as trimmed strings only (normalizing them is not worth it). */
 const MAX_RAW_LENGTH = 4000;
+/** Longest answer Math-Verify is given (sympy on long input is slow; such answers are rare). */
+const MAX_MATH_VERIFY_LENGTH = 600;
 /** At most this many items in one list/tuple/set (n² pairs for unordered comparison). */
 const MAX_ITEMS = 24;
 
+function defaultMathVerify(): MathVerifyPool | false {
+  return process.env.MARFT_MATH_VERIFY === "0" ? false : sharedMathVerifyPool();
+}
+
 export async function gradeAnswer(pred: string, gold: string, opts: GradeOptions = {}): Promise<GradeResult> {
+  const own = await checkAnswer(pred, gold, opts);
+  if (own.result.equal || own.certain) return own.result;
+  return secondOpinion(own.result, { gold, pred }, opts);
+}
+
+export interface ResponseGradeResult extends GradeResult {
+  /** The answer the response commits to (extractAnswer), or null when it has none. */
+  predExtracted: string | null;
+}
+
+/**
+ * A whole response against a gold answer: the TypeScript checker on the answer it commits to, and,
+ * where that is not certain, Math-Verify on the whole response (its own extraction may find an
+ * answer ours missed). This is the training reward's judge when Python is there.
+ */
+export async function gradeResponse(
+  response: string,
+  gold: string,
+  opts: GradeOptions & ExtractOptions = {},
+): Promise<ResponseGradeResult> {
+  const predExtracted = extractAnswer(response, opts);
+  const own = await checkAnswer(predExtracted ?? "", gold, opts);
+  const base = {
+    ...own.result,
+    predExtracted,
+    ...(predExtracted === null ? { reason: "no answer found" } : {}),
+  };
+  if (own.result.equal || (own.certain && predExtracted !== null)) return base;
+  // No answer in the form asked for: not rewarded, whatever Math-Verify would dig out, unless the
+  // caller accepts unmarked answers (lastNumber), as Math-Verify's own extraction does.
+  if (predExtracted === null && !opts.lastNumber) return { ...base, reason: "no answer found" };
+  const r = await secondOpinion(base, { gold, pred: response, pred_raw: true }, opts);
+  return { ...r, predExtracted };
+}
+
+/** Math-Verify's verdict where ours is "not equal" but not certain; without it, ours stands. */
+async function secondOpinion(
+  own: GradeResult,
+  req: MathVerifyRequest,
+  opts: GradeOptions,
+): Promise<GradeResult> {
+  const mv = opts.mathVerify ?? defaultMathVerify();
+  if (mv === false || req.pred.length > MAX_MATH_VERIFY_LENGTH * (req.pred_raw ? 20 : 1)) return own;
+  if (req.gold.length > MAX_MATH_VERIFY_LENGTH) return own;
+  const r = await mv.verify(req, opts.timeoutMs ?? 2000);
+  if (!r.ok) return { ...own, reason: `${own.reason ?? "not equal"}; ${r.reason}` };
+  return { ...own, equal: r.equal, reason: r.equal ? "math-verify" : own.reason };
+}
+
+/** The TypeScript checker alone; `certain` when its verdict needs no second opinion. */
+export async function checkAnswer(
+  pred: string,
+  gold: string,
+  opts: GradeOptions,
+): Promise<{ result: GradeResult; certain: boolean }> {
   const timeoutMs = opts.timeoutMs ?? 2000;
   if (pred.length > MAX_RAW_LENGTH || gold.length > MAX_RAW_LENGTH) {
     const equal = pred.trim() === gold.trim();
-    return {
+    const result = {
       equal,
       predNormalized: pred.slice(0, 200),
       goldNormalized: gold.slice(0, 200),
       reason: equal ? "string" : "too long",
     };
+    return { result, certain: true };
   }
   const p = normalizeAnswer(pred);
   const g = normalizeAnswer(gold);
   const base = { predNormalized: p, goldNormalized: g };
-  if (p === g) return { ...base, equal: p !== "", reason: p === "" ? "empty" : "string" };
-  if (p === "" || g === "") return { ...base, equal: false, reason: "empty" };
+  if (p === g)
+    return { result: { ...base, equal: p !== "", reason: p === "" ? "empty" : "string" }, certain: true };
+  if (p === "" || g === "") return { result: { ...base, equal: false, reason: "empty" }, certain: true };
   if (p.length > MAX_SYMBOLIC_LENGTH || g.length > MAX_SYMBOLIC_LENGTH) {
-    return { ...base, equal: false, reason: "too long" };
+    return { result: { ...base, equal: false, reason: "too long" }, certain: true };
   }
 
-  // "25\%" for "0.25": a percentage may be written as a fraction of one (only plain numbers)
-  const hadPercent = (x: string) => /%/.test(x);
+  // "25\%" for "0.25": a percentage may be written as a fraction of one (constants only)
+  const hadPercent = (x: string) => /%|\\percent/.test(x);
   if (hadPercent(pred) !== hadPercent(gold)) {
     const [pct, other] = hadPercent(pred) ? [p, g] : [g, p];
-    const a = fastNumber(pct);
-    const b = fastNumber(other);
-    if (a && b && fastEqual({ kind: "real", v: Number(a.v) / 100 }, b)) {
-      return { ...base, equal: true, reason: "percent" };
+    const a = constantValue(`(${pct})/100`);
+    const b = constantValue(other);
+    if (typeof a !== "string" && typeof b !== "string" && compareValues(a, b)) {
+      return { result: { ...base, equal: true, reason: "percent" }, certain: true };
     }
   }
 
-  const tp = parseAnswer(p);
-  const tg = parseAnswer(g);
+  const [pp, gg] = decimalCommas(p, g);
+  const tp = parseAnswer(pp);
+  const tg = parseAnswer(gg);
   // Phase 1: every scalar comparison the structures need, decided cheaply where possible.
   const table = new ScalarTable();
-  if (!collect(tp, tg, table)) return { ...base, equal: false, reason: "structure" };
+  if (!collect(tp, tg, table)) {
+    // shapes that cannot match; certain when both are made of constants (nothing to reinterpret), or
+    // an equation faces a value: "a+3z=0" is not the answer 0 (Math-Verify reads its right side)
+    // ("y = 2x+3" is read as its value; against "2x - y + 3 = 0" Math-Verify is still asked)
+    const oneEquation = pred.includes("=") !== gold.includes("=");
+    const certain = (allConstant(tp) && allConstant(tg)) || (oneEquation && equationAgainstValue(tp, tg));
+    return { result: { ...base, equal: false, reason: "structure" }, certain };
+  }
   // Phase 2: the rest in one worker job.
   const pending = table.pending();
   let reason = table.usedNumbers ? "number" : "string";
@@ -80,24 +165,72 @@ export async function gradeAnswer(pred: string, gold: string, opts: GradeOptions
       pending.map((x) => x.pair),
       timeoutMs,
     );
-    if (!res.ok) return { ...base, equal: false, reason: res.reason };
+    if (!res.ok) return { result: { ...base, equal: false, reason: res.reason }, certain: false };
     pending.forEach((x, k) => {
       x.verdict = res.results[k] ?? false;
     });
     reason = "symbolic";
   }
   const equal = compare(tp, tg, table);
-  return { ...base, equal, reason: equal ? reason : "not equal" };
+  // answers that differ only in letter case differ in their variables (3r^2 is not 3R^2), which
+  // Math-Verify does not see; text answers were compared without case above
+  const caseOnly = p.toLowerCase() === g.toLowerCase();
+  return {
+    result: { ...base, equal, reason: equal ? reason : table.huge ? "too large" : "not equal" },
+    certain: table.certain || caseOnly,
+  };
+}
+
+/**
+ * A European decimal comma: "1000,99" or "0,111" against a single number is that number's decimal
+ * reading (a list of two can never equal one number, so nothing is lost). "1,000" stays a thousand.
+ */
+function decimalCommas(p: string, g: string): [string, string] {
+  const comma = /^([+-]?\d+),(\d+)$/;
+  const single = (x: string) => !x.includes(",");
+  const fix = (x: string, other: string) => {
+    const m = comma.exec(x);
+    if (!m || !single(other)) return x;
+    if (m[2]!.length === 3 && m[1] !== "0" && !m[1]!.startsWith("-0")) return x; // thousands
+    return `${m[1]}.${m[2]}`;
+  };
+  return [fix(p, g), fix(g, p)];
+}
+
+/**
+ * An equation whose left side is a sum or a constant ("a+3z=0", "7=11a+c") against something that is
+ * not an equation: never equal. (A left side that only names the value, "|AB|=1", "A:B=1", is left
+ * to Math-Verify, which reads the value after "=".)
+ */
+function equationAgainstValue(x: AnswerNode, y: AnswerNode): boolean {
+  const [eq, other] = x.t === "eq" ? [x, y] : [y, x];
+  if (eq.t !== "eq" || other.t === "eq") return false;
+  const lhs = eq.lhs;
+  const sum = splitTopLevel(lhs, "+").length > 1 || splitTopLevel(lhs.replace(/^-/, ""), "-").length > 1;
+  return sum || typeof constantValue(lhs) !== "string";
+}
+
+function allConstant(n: AnswerNode): boolean {
+  if (n.t === "atom") return typeof constantValue(n.s) !== "string";
+  if (n.t === "eq") return false;
+  return n.items.every(allConstant);
 }
 
 // ---------------------------------------------------------------------------------------------
 
-type Verdict = { verdict: boolean | null; pair: SymbolicPair };
+type Verdict = { verdict: boolean | null; pair: SymbolicPair; certain: boolean };
 
 /** Scalar comparisons keyed by (kind, a, b); verdict null until the worker answers. */
 class ScalarTable {
   private readonly map = new Map<string, Verdict>();
   usedNumbers = false;
+  /** A side was a constant too large to evaluate (10^{10^{10}}, 100000000!). */
+  huge = false;
+
+  /** Every comparison was settled by exact values or equal strings: no second opinion can help. */
+  get certain(): boolean {
+    return [...this.map.values()].every((v) => v.certain);
+  }
 
   key(a: string, b: string, eq: boolean): string {
     return `${eq ? "=" : "~"}\u0001${a}\u0001${b}`;
@@ -122,21 +255,27 @@ class ScalarTable {
 function decide(a: string, b: string, eq: boolean, table: ScalarTable): Verdict {
   const none = { a: "", b: "", eq };
   if (!eq) {
-    if (a === b) return { verdict: true, pair: none };
+    if (a === b) return { verdict: true, pair: none, certain: true };
     // text answers ("Evelyn", "even", "B"): case-insensitive, never algebra ("east" is not e·a·s·t)
-    if (isText(a) || isText(b)) return { verdict: a.toLowerCase() === b.toLowerCase(), pair: none };
-    const fa = fastNumber(a);
-    const fb = fastNumber(b);
-    if (fa && fb) {
+    if (isText(a) || isText(b))
+      return { verdict: a.toLowerCase() === b.toLowerCase(), pair: none, certain: false };
+    const ca = constantValue(a);
+    const cb = constantValue(b);
+    if (typeof ca !== "string" && typeof cb !== "string") {
       table.usedNumbers = true;
-      return { verdict: fastEqual(fa, fb), pair: none };
+      return { verdict: compareValues(ca, cb), pair: none, certain: true };
+    }
+    // a constant we cannot even hold: 10^{10^{10}} is only equal to itself, written the same way
+    if (ca === "huge" || cb === "huge") {
+      table.huge = true;
+      return { verdict: false, pair: none, certain: true };
     }
   }
   const ea = eq ? equationExpr(a) : latexToExpr(a);
   const eb = eq ? equationExpr(b) : latexToExpr(b);
-  if (ea === null || eb === null) return { verdict: false, pair: none };
-  if (ea === eb) return { verdict: true, pair: none };
-  return { verdict: null, pair: { a: ea, b: eb, eq } };
+  if (ea === null || eb === null) return { verdict: false, pair: none, certain: false };
+  if (ea === eb) return { verdict: true, pair: none, certain: true };
+  return { verdict: null, pair: { a: ea, b: eb, eq }, certain: false };
 }
 
 /** Equations travel as "lhs = rhs" in the table; the worker gets lhs - rhs. */

@@ -1,13 +1,12 @@
 // Turning a LaTeX answer into comparable pieces, all synchronous and linear-time on bounded input:
 //   normalizeAnswer: string clean-up (units, \text, \left/\right, \dfrac, degrees, $, %, thousands, "x =")
 //   parseAnswer:     structure (tuples, intervals, sets, unions, \pm, equations, matrices)
-//   fastNumber:      plain numbers and fractions, compared without any symbolic work
-//   latexToExpr:     a LaTeX expression in mathjs syntax, for the symbolic check in the worker
+//   latexToExpr:     a LaTeX expression in mathjs syntax, for the symbolic check (latex-expr.ts)
 
 /** Longest answer (after normalization) that gets more than an exact string comparison. */
 export const MAX_SYMBOLIC_LENGTH = 1000;
 /** Deepest brace/bracket nesting that latexToExpr follows. */
-const MAX_DEPTH = 40;
+export const MAX_DEPTH = 40;
 
 const UNIT_WORDS = [
   "square",
@@ -66,7 +65,7 @@ const UNIT = `(?:${UNIT_WORDS.join("|")})(?:\\s*\\^\\s*\\{?[23]\\}?)?`;
 const UNIT_TAIL = new RegExp(`^(.*[\\d}])\\s+${UNIT}(?:\\s+${UNIT})?$`, "i");
 // \text{...}/\mbox{...} after something that ends in a digit, brace or \pi is a unit: "15\mbox{ cm}^2"
 const TEXT_UNIT_TAIL =
-  /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm)\{[^{}]*\}(?:\s*\^\s*\{?[23]\}?)?$/;
+  /^(.*(?:\d|\}|\\pi))\s*\\(?:text|mbox|mathrm|textrm|textbf|textnormal|textit|mathbf)\{[^{}]*\}(?:\s*\^\s*\{?[23]\}?)?$/;
 const TEXT_COMMANDS =
   /\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|textnormal|mathit)\{([^{}]*)\}/g;
 
@@ -86,8 +85,16 @@ export function normalizeAnswer(raw: string): string {
   // math delimiters and spacing commands
   s = s.replace(/^\\\[|\\\]$/g, "").replace(/^\\\(|\\\)$/g, "");
   s = s.replace(/\\\$/g, "").replace(/\$/g, "");
+  // a thousands separator written with a thin space: "10,\\!080", "11,\\! 111"
+  s = s.replace(/(\d),\\!\s*(?=\d{3})/g, "$1,");
   // spacing commands, but not the row break "\\" (matrices)
-  s = s.replace(/\\\\|\\[,;:! ]/g, (m) => (m === "\\\\" ? m : " ")).replace(/~/g, " ");
+  s = s.replace(/\\\\|\\[,;:! ]|\\q?quad(?![a-zA-Z])/g, (m) => (m === "\\\\" ? m : " ")).replace(/~/g, " ");
+  s = s.replace(/\\[lr]?vert(?![a-zA-Z])|\\[lr]Vert(?![a-zA-Z])/g, "|");
+  s = s.replace(/\\[dt]binom(?![a-zA-Z])/g, "\\binom");
+  // "x = \\frac13 \\approx 0.33": the exact value is the answer; "\\sqrt{30} \\approx 10.9": the value is
+  const approx = splitTopLevel(s, "\\approx");
+  if (approx.length > 1)
+    s = splitTopLevel(approx[0]!, "=").length > 1 ? approx[0]! : approx[approx.length - 1]!;
   s = s.replace(/\\(?:displaystyle|textstyle)\b/g, "");
   s = s.replace(/(\\[a-zA-Z]+)\s+(?=[{[])/g, "$1"); // "\text {x}" is "\text{x}"
   s = s.replace(/\\[dtc]frac(?![a-zA-Z])/g, "\\frac");
@@ -98,7 +105,8 @@ export function normalizeAnswer(raw: string): string {
   s = s.replace(/\\degree(?![a-zA-Z])/g, "");
   s = s.replace(/\\%|%/g, "");
   s = s.replace(/\{,\}/g, ",");
-  s = s.replace(/\\(?:le|leq)(?![a-zA-Z])/g, "\\le ").replace(/\\(?:ge|geq)(?![a-zA-Z])/g, "\\ge ");
+  s = s.replace(/\\(?:le|leq)(?![a-zA-Z])|<=/g, "\\le ").replace(/\\(?:ge|geq)(?![a-zA-Z])|>=/g, "\\ge ");
+  s = s.replace(/\\(?:ne|neq)(?![a-zA-Z])|!=/g, "\\ne ");
   s = s.replace(/\\(?:infty|infinity)(?![a-zA-Z])/g, "\\infty ").replace(/\+\s*\\infty/g, "\\infty");
   s = s.trim().replace(/[.\s]+$/, "");
   // "x = 2 \text{ or } x = 3", "2 and 3": a list of answers
@@ -115,13 +123,17 @@ export function normalizeAnswer(raw: string): string {
   // "x = 5", "k=2", "x \in [-2, 7]": the value is the answer (only when the left side is one symbol)
   const lhs = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(.+)$/.exec(s);
   if (lhs && !lhs[1]!.includes("=")) s = lhs[1]!;
+  const spacedComma = /\d,\s+\d/.test(s);
+  // semicolons separate items as commas do: "-12;-11;-10", "(0;-2;6)"
+  s = s.replace(/;/g, ",");
   // whitespace: gone, except where it ends a command name ("\cot x")
   s = s
     .replace(/(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])/g, "$1\uE000")
     .replace(/\s+/g, "")
     .replace(/\uE000/g, " ");
-  // thousands separators, only when the whole answer is one such number: "58,500", "11,111,111,100"
-  if (/^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$/.test(s)) s = s.replace(/,/g, "");
+  // thousands separators, only when the whole answer is one such number: "58,500", "11,111,111,100";
+  // not "32, 349" (a comma then a space separates a list) and not "0,111" (a decimal comma)
+  if (/^[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$/.test(s) && !spacedComma) s = s.replace(/,/g, "");
   // multiple choice: "(B)" and "B" are the same choice
   const choice = /^\(([A-Ea-e])\)$/.exec(s);
   if (choice) s = choice[1]!.toUpperCase();
@@ -160,9 +172,54 @@ export type AnswerNode =
   /** unordered: a bare list "1, -2", a set \{...\}, the two values of \pm, the pieces of a union */
   | { t: "set"; union: boolean; items: AnswerNode[] };
 
-const SINGLE_SYMBOL = /^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?$/;
-const OPEN = "([{";
-const CLOSE = ")]}";
+const SYMBOL = "(?:[a-zA-Z]|\\\\[a-zA-Z]+)(?:_\\{?\\w+\\}?)?";
+const SINGLE_SYMBOL = new RegExp(`^${SYMBOL}$`);
+/** What names an answer on the left of "=": a symbol, f(x), a tuple of symbols, a segment AB. */
+const LABEL = new RegExp(`^(?:${SYMBOL}(?:\\([^()]*\\))?|\\(${SYMBOL}(?:,${SYMBOL})+\\)|[A-Z]{2,3})$`);
+
+/**
+ * An inequality in one variable as the interval it describes: "1<x<2" is (1,2), "x \\le 5" and
+ * "5 \\ge x" are (-\\infty,5]. Null for anything else.
+ */
+function inequality(s: string): AnswerNode | null {
+  const OP = /<|>|\\(?:le|ge|lt|gt)(?![a-zA-Z])/g;
+  const ops = [...s.matchAll(OP)];
+  if (ops.length === 0 || ops.length > 2) return null;
+  const parts: string[] = [];
+  let from = 0;
+  for (const m of ops) {
+    parts.push(s.slice(from, m.index).trim());
+    from = m.index + m[0].length;
+  }
+  parts.push(s.slice(from).trim());
+  const kinds = ops.map((m) => m[0].trim());
+  const less = (k: string) => k === "<" || k === "\\le" || k === "\\lt";
+  const strict = (k: string) => k === "<" || k === ">" || k === "\\lt" || k === "\\gt";
+  const v = parts.findIndex((p) => SINGLE_SYMBOL.test(p));
+  if (v < 0 || parts.some((p) => p === "")) return null;
+  let lo = "-\\infty";
+  let hi = "\\infty";
+  let open = "(";
+  let close = ")";
+  const bound = (side: "lo" | "hi", value: string, k: string) => {
+    if (side === "lo") [lo, open] = [value, strict(k) ? "(" : "["];
+    else [hi, close] = [value, strict(k) ? ")" : "]"];
+  };
+  if (parts.length === 2) {
+    const k = kinds[0]!;
+    // x < 5 or 5 > x: an upper bound; x > 5 or 5 < x: a lower bound
+    const upper = v === 0 ? less(k) : !less(k);
+    bound(upper ? "hi" : "lo", parts[1 - v]!, k);
+  } else {
+    if (v !== 1 || less(kinds[0]!) !== less(kinds[1]!)) return null;
+    const [a, b] = less(kinds[0]!) ? [0, 2] : [2, 0];
+    bound("lo", parts[a]!, kinds[less(kinds[0]!) ? 0 : 1]!);
+    bound("hi", parts[b]!, kinds[less(kinds[0]!) ? 1 : 0]!);
+  }
+  return { t: "seq", open, close, items: [parseAnswer(lo, 9), parseAnswer(hi, 9)] };
+}
+export const OPEN = "([{";
+export const CLOSE = ")]}";
 
 /** Splits at a separator found at bracket depth 0 (a literal string, e.g. "," or "\\cup"). */
 export function splitTopLevel(s: string, sep: string): string[] {
@@ -251,248 +308,13 @@ export function parseAnswer(s: string, depth = 0): AnswerNode {
     return { t: "set", union: false, items };
   }
   const eq = splitTopLevel(s, "=");
+  // a chain "x = 2 + 3 = 5": the value after the last "=" is the answer
+  if (eq.length > 2) return parseAnswer(eq[eq.length - 1]!, depth + 1);
   if (eq.length === 2) {
-    // an item "x=2" of a list "x=2,x=3" is its value, as a whole answer "x=2" is (normalizeAnswer)
-    if (SINGLE_SYMBOL.test(eq[0]!)) return parseAnswer(eq[1]!, depth + 1);
+    // a labelled answer: "x=2" (an item of "x=2,x=3" too), "f(x)=1", "(p,q)=(3,2)", "AB=4"
+    if (LABEL.test(eq[0]!)) return parseAnswer(eq[1]!, depth + 1);
+    // an equation: "a + 3z = 0" is not the value 0
     return { t: "eq", lhs: eq[0]!, rhs: eq[1]! };
   }
-  return { t: "atom", s };
-}
-
-// ---------------------------------------------------------------------------------------------
-// Numbers without symbolic work
-
-export type FastValue = { kind: "int"; v: bigint } | { kind: "real"; v: number };
-
-/** Plain integers, decimals, a/b, \frac{a}{b}, \frac ab, mixed numbers "1\frac{4}{5}"; else null. */
-export function fastNumber(s: string): FastValue | null {
-  if (s.length > 200) return null;
-  if (/^[+-]?\d+$/.test(s)) return { kind: "int", v: BigInt(s) };
-  if (/^[+-]?(?:\d+\.\d*|\.\d+)$/.test(s)) return real(Number(s));
-  const frac = /^([+-]?)(?:\\frac\{(\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}|\\frac(\d)(\d)|(\d+)\/(\d+))$/.exec(
-    s,
-  );
-  if (frac) {
-    const num = Number(frac[2] ?? frac[4] ?? frac[6]);
-    const den = Number(frac[3] ?? frac[5] ?? frac[7]);
-    return real((frac[1] === "-" ? -1 : 1) * (num / den));
-  }
-  const mixed = /^([+-]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$/.exec(s);
-  if (mixed) {
-    const v = Number(mixed[2]) + Number(mixed[3]) / Number(mixed[4]);
-    return real(mixed[1] === "-" ? -v : v);
-  }
-  return null;
-}
-
-function real(v: number): FastValue | null {
-  return Number.isFinite(v) ? { kind: "real", v } : null;
-}
-
-/** Relative tolerance for numbers: answers are exact, so this absorbs floating-point error only (0.333333 is not 1/3). */
-export const REL_TOL = 1e-9;
-
-export function fastEqual(a: FastValue, b: FastValue): boolean {
-  if (a.kind === "int" && b.kind === "int") return a.v === b.v;
-  const x = Number(a.v);
-  const y = Number(b.v);
-  const d = Math.abs(x - y);
-  return d <= REL_TOL * Math.max(Math.abs(x), Math.abs(y)) || d <= 1e-12;
-}
-
-// ---------------------------------------------------------------------------------------------
-// LaTeX -> mathjs expression
-
-const FUNCTIONS: Record<string, string> = {
-  sin: "sin",
-  cos: "cos",
-  tan: "tan",
-  cot: "cot",
-  sec: "sec",
-  csc: "csc",
-  arcsin: "asin",
-  arccos: "acos",
-  arctan: "atan",
-  sinh: "sinh",
-  cosh: "cosh",
-  tanh: "tanh",
-  ln: "log",
-  log: "log",
-  exp: "exp",
-};
-const SYMBOLS: Record<string, string> = {
-  pi: " pi ",
-  infty: " Infinity ",
-  cdot: " * ",
-  times: " * ",
-  div: " / ",
-  ast: " * ",
-};
-const GREEK =
-  /^(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega)$/;
-
-class NotConvertible extends Error {}
-
-/** An explicit "*" when a group follows an operand: mathjs would read "n (2n+1)" as calling n. */
-function times(out: string): string {
-  return /[\w)]\s*$/.test(out) ? " * " : " ";
-}
-
-/**
- * A LaTeX expression in mathjs syntax, or null when it uses something outside the supported subset.
- * Letters become one-letter symbols (so "2ab" is 2·a·b); i is the imaginary unit and e is Euler's number.
- */
-export function latexToExpr(s: string): string | null {
-  if (s.length > MAX_SYMBOLIC_LENGTH) return null;
-  try {
-    const out = new Converter(s).expr(0, s.length, 0);
-    return out.replace(/\s+/g, " ").trim();
-  } catch (e) {
-    if (e instanceof NotConvertible) return null;
-    throw e;
-  }
-}
-
-class Converter {
-  constructor(private readonly s: string) {}
-
-  /** Converts s[from, to). */
-  expr(from: number, to: number, depth: number): string {
-    if (depth > MAX_DEPTH) throw new NotConvertible("too deep");
-    const s = this.s;
-    let out = "";
-    let i = from;
-    while (i < to) {
-      const c = s[i]!;
-      if (c === " ") {
-        i++;
-      } else if (/[0-9.]/.test(c)) {
-        const m = /^\d*\.?\d+|^\d+\.?/.exec(s.slice(i, Math.min(to, i + 400)));
-        if (!m) throw new NotConvertible("number");
-        out += ` ${m[0]} `;
-        i += m[0].length;
-      } else if (/[a-zA-Z]/.test(c)) {
-        // one letter, with an optional subscript: x, x_1, x_{12}
-        const sub = /^_(?:\{(\w+)\}|(\w))/.exec(s.slice(i + 1, Math.min(to, i + 40)));
-        out += sub ? ` ${c}_${sub[1] ?? sub[2]} ` : ` ${c} `;
-        i += 1 + (sub ? sub[0].length : 0);
-      } else if (c === "{" || c === "(" || c === "[") {
-        const close = this.close(i, to);
-        out += `${times(out)}(${this.expr(i + 1, close, depth + 1)})`;
-        i = close + 1;
-      } else if (c === "|") {
-        const close = s.indexOf("|", i + 1);
-        if (close < 0 || close >= to) throw new NotConvertible("|");
-        out += `${times(out)}abs(${this.expr(i + 1, close, depth + 1)}) `;
-        i = close + 1;
-      } else if ("+-*/!".includes(c)) {
-        out += ` ${c} `;
-        i++;
-      } else if (c === "^") {
-        const [arg, next] = this.arg(i + 1, to, depth);
-        out += `^(${arg})`;
-        i = next;
-      } else if (c === "\\") {
-        const m = /^\\([a-zA-Z]+)/.exec(s.slice(i, Math.min(to, i + 40)));
-        if (!m) throw new NotConvertible(s.slice(i, i + 2));
-        const name = m[1]!;
-        i += m[0].length;
-        if (name === "frac") {
-          const [a, j] = this.arg(i, to, depth);
-          const [b, k] = this.arg(j, to, depth);
-          out += `${times(out)}((${a})/(${b})) `;
-          i = k;
-        } else if (name === "sqrt") {
-          let n: string | null = null;
-          while (s[i] === " ") i++;
-          if (s[i] === "[") {
-            const close = this.close(i, to);
-            n = this.expr(i + 1, close, depth + 1);
-            i = close + 1;
-          }
-          const [a, j] = this.arg(i, to, depth);
-          out += times(out) + (n === null ? `sqrt(${a}) ` : `nthRoot(${a}, ${n}) `);
-          i = j;
-        } else if (name in FUNCTIONS) {
-          // \sin^2 x = (sin x)^2; \log_2 8 = log(8, 2); the argument is the next atom or (group)
-          let power = "";
-          let base = "";
-          if (s[i] === "^") {
-            const [p, j] = this.arg(i + 1, to, depth);
-            power = p;
-            i = j;
-          }
-          if (s[i] === "_") {
-            const [b, j] = this.arg(i + 1, to, depth);
-            base = b;
-            i = j;
-          }
-          const [a, j] = this.funcArg(i, to, depth);
-          i = j;
-          const call = base ? `${FUNCTIONS[name]}(${a}, ${base})` : `${FUNCTIONS[name]}(${a})`;
-          out += times(out) + (power ? `(${call})^(${power}) ` : `${call} `);
-        } else if (name in SYMBOLS) {
-          out += SYMBOLS[name];
-        } else if (GREEK.test(name)) {
-          out += ` greek_${name} `;
-        } else {
-          throw new NotConvertible(`\\${name}`);
-        }
-      } else {
-        throw new NotConvertible(c);
-      }
-    }
-    return out;
-  }
-
-  /** Index of the bracket closing the one at `open` (any of ([{ with any of )]}), before `to`. */
-  private close(open: number, to: number): number {
-    let depth = 0;
-    for (let i = open; i < to; i++) {
-      const c = this.s[i]!;
-      if (OPEN.includes(c)) depth++;
-      else if (CLOSE.includes(c)) {
-        depth--;
-        if (depth === 0) return i;
-      }
-    }
-    throw new NotConvertible("unbalanced");
-  }
-
-  /** A TeX macro argument: a {group}, or one token (a digit, a letter, a command). */
-  private arg(i: number, to: number, depth: number): [string, number] {
-    while (this.s[i] === " ") i++;
-    if (i >= to) throw new NotConvertible("missing argument");
-    const c = this.s[i]!;
-    if (c === "{") {
-      const close = this.close(i, to);
-      return [this.expr(i + 1, close, depth + 1), close + 1];
-    }
-    if (c === "\\") {
-      const m = /^\\[a-zA-Z]+/.exec(this.s.slice(i, i + 40));
-      if (!m) throw new NotConvertible("argument");
-      return [this.expr(i, i + m[0].length, depth + 1), i + m[0].length];
-    }
-    return [this.expr(i, i + 1, depth + 1), i + 1];
-  }
-
-  /** A function's argument: a (group), a {group}, or everything up to the next top-level + - =. */
-  private funcArg(i: number, to: number, depth: number): [string, number] {
-    while (this.s[i] === " ") i++;
-    const c = this.s[i];
-    if (c === "(" || c === "{") {
-      const close = this.close(i, to);
-      return [this.expr(i + 1, close, depth + 1), close + 1];
-    }
-    let j = i;
-    let d = 0;
-    for (; j < to; j++) {
-      const ch = this.s[j]!;
-      if (OPEN.includes(ch)) d++;
-      else if (CLOSE.includes(ch)) d--;
-      else if (d === 0 && "+-=".includes(ch) && j > i) break;
-    }
-    if (j === i) throw new NotConvertible("missing function argument");
-    return [this.expr(i, j, depth + 1), j];
-  }
+  return inequality(s) ?? { t: "atom", s };
 }
