@@ -1,4 +1,6 @@
 // Reward routing: who gets the team's reward. A config choice, never hard-coded (DESIGN §4).
+// What rewards an env gives and through which channel is the Env contract's (src/flexmg/types.ts,
+// "Rewards"): the outcome's team reward is routed here; per-action rewards are added on top.
 
 /**
  * - team:     the team reward goes to every agent's LAST action in the episode
@@ -19,7 +21,7 @@ export type RewardRouting =
  *              credited to that action (via takeRewards: shaping, format penalties...). It is kept and
  *              the routed reward is ADDED on top, so an environment must not also emit the team reward
  *              itself, or it is counted twice.
- *   team       the episode's team reward (e.g. info().score)
+ *   team       the episode's team reward (its outcome's teamReward)
  *   →     [K]  reward per turn
  */
 export function routeRewards(

@@ -1,4 +1,4 @@
-// Starting and stopping a local engine process, or connecting to a remote one (DESIGN §2, issue 3).
+// Starting and stopping a local engine process, or connecting to a remote one (DESIGN §2).
 //
 // A local engine listens on loopback on a port the OS picks, with a random bearer token, and prints
 // one JSON line `{"event": "ready", "url": ...}` on stdout when it listens. Its stderr (the log) goes

@@ -3,7 +3,7 @@
 // It knows, for the current step, which agents are ready (their parents in D_t have acted and they
 // have not), builds each agent's observation, records actions and the shared history, and moves to
 // the next step. It knows nothing of answers or rewards: the task env owns those and calls
-// `record`, `addHistory`, `nextStep` and `finish`.
+// `record`, `addHistory` and `nextStep`, and ends the episode through TeamEnv's `end(outcome)`.
 //
 // Observation of agent i (DESIGN §3):
 //   system: agent i's system prompt
@@ -20,7 +20,8 @@
 //     if (!this.team.stepComplete()) return;     // siblings still acting: nothing else to do
 //     const ok = await check(...);               // slow work: ready() is empty meanwhile
 //     this.team.addHistory(`The answer is ${ok ? "correct" : "incorrect"}.`);
-//     if (ok || this.team.step + 1 >= attempts) this.team.finish(); else this.team.nextStep();
+//     if (ok || this.team.step + 1 >= attempts) this.end({ correct: ok, score: ..., teamReward: ..., roleRewards: {} });
+//     else this.team.nextStep();
 //   }
 //
 // Dynamic graphs: no agent is scheduled at the start of a step; the env calls `schedule(agent, sees)`

@@ -27,7 +27,7 @@ import type { Episode, Turn } from "./types.ts";
 
 /** What the rollout needs to know to sample for an agent. */
 export interface AgentProfile {
-  /** Policy adapter name, or "__base__" for the bare base (then give `base`). */
+  /** Policy adapter name, or BASE_ADAPTER ("__base__") for the bare base (then give `base`). */
   adapter: string;
   base?: string;
   /** Engine sampling parameters (temperature 0 = greedy). `n` is ignored: one completion per turn. */

@@ -17,7 +17,12 @@ import {
   writeFileSync,
 } from "node:fs";
 import { join, resolve } from "node:path";
+import { z } from "zod";
+import { DataError } from "../errors.ts";
 import type { RngState } from "../rng.ts";
+import type { MetricsRow } from "./phases.ts";
+
+const MetricsRowSchema = z.record(z.string(), z.number());
 
 /** Write a file so that readers see the old content or the new one, never a torn write. */
 export function writeFileAtomic(path: string, text: string): void {
@@ -75,16 +80,29 @@ export class RunDir {
     mkdirSync(this.checkpointsDir, { recursive: true });
   }
 
-  appendMetrics(row: Record<string, unknown>): void {
+  appendMetrics(row: MetricsRow): void {
     appendFileSync(this.metricsPath, `${JSON.stringify(row)}\n`);
   }
 
-  readMetrics(): Array<Record<string, unknown>> {
+  /** The metrics rows (each a flat object of numbers); a line that is not one names the file and line. */
+  readMetrics(): MetricsRow[] {
     if (!existsSync(this.metricsPath)) return [];
-    return readFileSync(this.metricsPath, "utf8")
+    const rows: MetricsRow[] = [];
+    readFileSync(this.metricsPath, "utf8")
       .split("\n")
-      .filter((l) => l.trim() !== "")
-      .map((l) => JSON.parse(l) as Record<string, unknown>);
+      .forEach((l, i) => {
+        if (l.trim() === "") return;
+        let value: unknown;
+        try {
+          value = JSON.parse(l);
+        } catch (e) {
+          throw new DataError(`${this.metricsPath}:${i + 1}: not JSON (${(e as Error).message})`);
+        }
+        const r = MetricsRowSchema.safeParse(value);
+        if (!r.success) throw new DataError(`${this.metricsPath}:${i + 1}: not a metrics row of numbers`);
+        rows.push(r.data);
+      });
+    return rows;
   }
 
   metricsLineCount(): number {

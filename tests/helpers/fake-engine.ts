@@ -2,7 +2,7 @@
 // engine). It records every call in order, samples deterministic text from each request's seed,
 // scores every weighted token with log-prob -1, gives the critic V = 0.5 everywhere, and answers
 // training calls with fixed statistics; optim_step bumps the adapter's version as the real one does.
-import type { CallOptions, ComputeEngine, Schemas } from "../../src/client/compute.ts";
+import { BASE_ADAPTER, type CallOptions, type ComputeEngine, type Schemas } from "../../src/client/compute.ts";
 import { EngineRefusedError } from "../../src/errors.ts";
 import { mixSeed } from "../../src/rng.ts";
 
@@ -94,7 +94,7 @@ export class FakeEngine implements ComputeEngine {
       return {
         prompt_ids: [1, ...prompt, 2],
         adapter: req.adapter,
-        adapter_version: req.adapter === "__base__" ? 0 : this.adapter(req.adapter).version,
+        adapter_version: req.adapter === BASE_ADAPTER ? 0 : this.adapter(req.adapter).version,
         completions: [
           {
             response_ids: ids,
