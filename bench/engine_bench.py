@@ -108,7 +108,7 @@ def bench_sampling(
         # on the engine's compute thread too (`on_thread`): on a CPU a second thread doing torch work
         # gets a second OpenMP pool, and two pools on these cores slow each other down.
         def on_thread(fn: Callable[[], T]) -> T:
-            return eng.sampler.call(fn)
+            return eng.compute.call(fn)
 
         def load() -> tuple[torch.nn.Module, Any]:
             m, t = load_smollm2()

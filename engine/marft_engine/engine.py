@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import json
 import os
 import random
@@ -16,10 +15,10 @@ import re
 import resource
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import peft
@@ -29,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from . import lora_batch, losses
+from .compute import ComputeThread, on_compute_thread
 from .errors import EngineError, bad_request, not_found
 from .models import load_source
 from .schemas import (
@@ -185,23 +185,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-T = TypeVar("T")
-
-
-def on_compute_thread(method: Callable[..., T]) -> Callable[..., T]:
-    """Run an Engine method on the engine's compute thread (the sampler's loop, between decode steps)
-    and wait for it. Why one thread: torch work from several threads is not safe on one model, and on
-    a CPU every thread that runs torch ops gets its own OpenMP pool; with more pooled threads than
-    cores, OpenMP stops spinning between parallel regions and each op pays for waking its workers
-    (about 2x slower matmuls on this project's 2-core machine)."""
-
-    @functools.wraps(method)
-    def run(self: Engine, *args: Any, **kwargs: Any) -> T:
-        return self.sampler.call(lambda: method(self, *args, **kwargs))
-
-    return run
-
-
 class Engine:
     def __init__(self, device: str = "auto", max_batch: int = 64) -> None:
         self.device = resolve_device(device)
@@ -213,10 +196,11 @@ class Engine:
         from .sampler import Sampler  # here to keep the import graph one-way
 
         self.sampler = Sampler(self)
+        self.compute = ComputeThread(self.sampler)
         lora_batch.install()
 
     def close(self) -> None:
-        self.sampler.close()
+        self.compute.close()
 
     # ------------------------------------------------------------------------------------------------
     # bases and adapters

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("marft_engine")
 
 BASE_ADAPTER = "__base__"
-T = TypeVar("T")
 
 
 @dataclass
@@ -284,22 +281,14 @@ def _row_seed(entropy: list[int]) -> int:
 
 
 class Sampler:
+    """The decode loop, as the compute thread's background work (see compute.py): every method runs
+    on the compute thread, so the queues and batches need no lock."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.cond = threading.Condition()
         self.queued: dict[str, deque[Row]] = {}  # base name -> rows waiting for admission
         self.running: dict[str, Running] = {}
-        self.calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # see call()
-        self.stopped = False
         self.peak_batch = 0  # most rows decoded together so far (observability, tests)
-        self.thread = threading.Thread(target=self._loop, name="marft-compute", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        with self.cond:
-            self.stopped = True
-            self.cond.notify_all()
-        self.thread.join(timeout=10)
 
     # ------------------------------------------------------------------------------------------------
     # admission of a call
@@ -388,65 +377,32 @@ class Sampler:
                         ignore_eos=sp.ignore_eos,
                     )
                 )
-        with self.cond:
-            for name, rows in rows_by_base.items():
-                self.queued.setdefault(name, deque()).extend(rows)
-            self.cond.notify_all()
+        for name, rows in rows_by_base.items():
+            self.queued.setdefault(name, deque()).extend(rows)
         return future
 
     # ------------------------------------------------------------------------------------------------
-    # the loop
+    # the decode loop (stepped by the compute thread)
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run fn on this loop's thread, between decode steps, and return its result (see
-        engine.on_compute_thread). On the loop's own thread it just runs."""
-        if threading.current_thread() is self.thread:
-            return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self.cond:
-            if self.stopped:
-                raise RuntimeError("the engine is closed")
-            self.calls.append((fn, future))
-            self.cond.notify_all()
-        return future.result()
+    def busy(self) -> bool:
+        return bool(self.running) or any(self.queued.values())
 
-    def _loop(self) -> None:
-        while True:
-            with self.cond:
-                while (
-                    not self.stopped and not self.calls and not any(self.queued.values()) and not self.running
-                ):
-                    self.cond.wait()
-                calls = list(self.calls)
-                self.calls.clear()
-                stopped = self.stopped
-            for fn, future in calls:  # calls first: they wait for a decode step at most
-                if stopped:
-                    future.set_exception(RuntimeError("the engine is closed"))
-                    continue
-                try:
-                    future.set_result(fn())
-                except BaseException as e:  # the caller gets it, as if it had run fn itself
-                    future.set_exception(e)
-            if stopped:
-                return
-            with self.cond:
-                names = sorted(set(self.running) | {n for n, q in self.queued.items() if q})
-            for name in names:
-                try:
-                    base = self.engine.bases.get(name)
-                    if base is None:
-                        raise RuntimeError(f"base {name!r} is gone")
-                    self._admit(base)
-                    self._step(base)
-                except Exception as e:  # a failure fails the calls in that batch, not the engine
-                    log.exception("sampling on base %s failed", name)
-                    self._fail(name, e)
+    def step(self) -> None:
+        """Admit waiting rows and run one decode step, on every base that has rows."""
+        for name in sorted(set(self.running) | {n for n, q in self.queued.items() if q}):
+            try:
+                base = self.engine.bases.get(name)
+                if base is None:
+                    raise RuntimeError(f"base {name!r} is gone")
+                self._admit(base)
+                self._step(base)
+            except Exception as e:  # a failure fails the calls in that batch, not the engine
+                log.exception("sampling on base %s failed", name)
+                self._fail(name, e)
 
     def _fail(self, name: str, exc: Exception) -> None:
         rows = list(self.running.pop(name).rows) if name in self.running else []
-        with self.cond:
-            q = self.queued.pop(name, deque())
+        q = self.queued.pop(name, deque())
         for r in [*rows, *q]:
             if not r.job.future.done():
                 r.job.future.set_exception(exc)
@@ -465,18 +421,15 @@ class Sampler:
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)
         room = self.engine.max_batch - (len(run.rows) if run else 0)
-        with self.cond:
-            q = self.queued.get(base.name)
-            new: list[Row] = []
-            while q and len(new) < room:
-                r = q.popleft()
-                if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters:
-                    r.job.future.set_exception(
-                        bad_request(f"adapter {r.adapter!r} was deleted before sampling")
-                    )
-                    continue
-                if not r.job.future.done():
-                    new.append(r)
+        q = self.queued.get(base.name)
+        new: list[Row] = []
+        while q and len(new) < room:
+            r = q.popleft()
+            if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters:
+                r.job.future.set_exception(bad_request(f"adapter {r.adapter!r} was deleted before sampling"))
+                continue
+            if not r.job.future.done():
+                new.append(r)
         if not new:
             return
         try:

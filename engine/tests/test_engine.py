@@ -370,7 +370,7 @@ def test_engine_calls_run_on_the_compute_thread(engine: Engine, monkeypatch: pyt
 
     monkeypatch.setattr(Base, "info", probe)
     engine.list_bases()
-    assert seen == [engine.sampler.thread] and seen[0] is not threading.current_thread()
+    assert seen == [engine.compute.thread] and seen[0] is not threading.current_thread()
     with pytest.raises(EngineError, match="unknown adapter"):
         engine.delete_adapter("nope")
 
