@@ -11,12 +11,12 @@ import pytest
 import torch
 from helpers import add_policy
 
-from marft_engine import losses
-from marft_engine import sampler as sampler_module
+from marft_engine import kv_cache, losses
 from marft_engine.engine import Base, Engine
 from marft_engine.errors import EngineError
+from marft_engine.kv_cache import SLACK, Running
 from marft_engine.models import load_tiny
-from marft_engine.sampler import SLACK, Row, Running
+from marft_engine.sampler import Row
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
@@ -387,10 +387,10 @@ def test_slot_cache_keeps_every_row_through_joins_leaves_and_relayouts(
     def nan_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(sampler_module, "_uninitialised", nan_buffer)
+    monkeypatch.setattr(kv_cache, "_uninitialised", nan_buffer)
     g = torch.Generator().manual_seed(0)
     H, D, layers = 2, 3, 2
-    run = Running(max_slots=6, dtype=torch.float64)
+    run: Running[Row] = Running(max_slots=6, dtype=torch.float64)
     want: dict[int, list[torch.Tensor]] = {}  # row id -> per layer [H, len, D] keys (values = -keys)
     rows: dict[int, Row] = {}
     next_id = 0
