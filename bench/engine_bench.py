@@ -144,7 +144,7 @@ def bench_sampling(
         ]
 
         def generate(**over: int) -> torch.Tensor:
-            with torch.no_grad(), eng.autocast(base):
+            with torch.no_grad(), base.autocast():
                 return model.generate(
                     input_ids=ids, attention_mask=mask, **{**kw, **over}
                 )

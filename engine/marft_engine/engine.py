@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from . import lora_batch, losses
+from . import lora_batch, losses, precision
 from .compute import ComputeThread, on_compute_thread
 from .errors import EngineError, bad_request, not_found
 from .models import load_source
@@ -68,22 +68,6 @@ LOGITS_BUDGET = 2**25
 PLAIN_HEAD_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
-def _bf16_linear_weights(model: PreTrainedModel) -> None:
-    """Store a frozen model's linear weights in bf16, everything else as it is. Under bf16 autocast a
-    linear layer casts its weight to bf16 anyway, so the results are unchanged; what goes is that cast,
-    on every call (frozen weights are not in autocast's cast cache): about half of a CPU decode step.
-    A tied LM head gets its own bf16 copy, so the input embeddings stay fp32."""
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if isinstance(head, torch.nn.Linear) and head.weight is emb.weight:
-        head.weight = torch.nn.Parameter(emb.weight.detach().to(torch.bfloat16), requires_grad=False)
-        model.config.tie_word_embeddings = False
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.weight.data = m.weight.data.to(torch.bfloat16)
-            if m.bias is not None:
-                m.bias.data = m.bias.data.to(torch.bfloat16)
-
-
 @dataclass
 class Base:
     name: str
@@ -91,7 +75,7 @@ class Base:
     hf: PreTrainedModel  # the HF model; PEFT injects its LoRA layers into it in place
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
-    # compute dtype (bf16: autocast; on CPU embeddings and norms stay fp32, see create_base)
+    # compute dtype (bf16: autocast; on CPU embeddings and norms stay fp32, see precision.py)
     dtype: torch.dtype
     context_length: int
     eos_ids: list[int]
@@ -101,9 +85,13 @@ class Base:
     seed: int
     # logits are exactly lm_head(final hidden state): the head may run on chosen positions only
     plain_head: bool
-    # dtype of the sampler's KV cache; None: as the model computes it (see create_base)
+    # dtype of the sampler's KV cache; None: as the model computes it (see precision.place)
     cache_dtype: torch.dtype | None = None
     peft: peft.PeftModel | None = None  # created with the first adapter, then holds all of them
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """The context every pass of this base runs in (see precision.py)."""
+        return precision.autocast(self.device, self.dtype)
 
     def info(self) -> BaseInfo:
         return BaseInfo(
@@ -215,25 +203,8 @@ class Engine:
             model, tokenizer = load_source(body.source, body.seed)
         except (OSError, ValueError) as e:  # unreadable or foreign files: the caller's source is wrong
             raise bad_request(f"source: cannot load {body.source!r}: {e}") from e
-        # bf16: by default on GPU; on CPU only when asked for, since it is fast only where the CPU has
-        # bf16 instructions (AVX512_BF16 / AMX: about 2.7x for a training step on this project's
-        # 2-core test machine) and fp32 keeps the exact sample/forward parity the tests rely on.
-        dtype = torch.float32
-        if body.dtype == "bfloat16" or (self.device.type == "cuda" and body.dtype == "auto"):
-            dtype = torch.bfloat16
-        # The base is frozen; on GPU it is stored in its compute dtype. A bf16 base on CPU keeps fp32
-        # embeddings and norms (so the residual stream stays fp32, as under autocast) and bf16 linear
-        # weights; every pass runs under bf16 autocast, with decode attention in fp32 (see
-        # sampler.use_decode_attention). LoRA weights and optimizer state are fp32 everywhere.
-        store = dtype if self.device.type == "cuda" else torch.float32
-        model = model.to(device=self.device, dtype=store).eval().requires_grad_(False)
-        cache_dtype = None
-        if self.device.type == "cpu" and dtype == torch.bfloat16:
-            from .sampler import use_decode_attention
-
-            _bf16_linear_weights(model)
-            use_decode_attention(model)
-            cache_dtype = torch.float32
+        dtype = precision.compute_dtype(body.dtype, self.device)
+        cache_dtype = precision.place(model, self.device, dtype)
         eos = tokenizer.eos_token_id
         eos_ids = sorted({int(eos)} if eos is not None else set())
         cfg_eos = model.config.eos_token_id
@@ -398,12 +369,6 @@ class Engine:
     # ------------------------------------------------------------------------------------------------
     # forward and training
 
-    def autocast(self, base: Base) -> contextlib.AbstractContextManager[Any]:
-        """The base's compute dtype (a bf16 base's weights may be stored fp32, see create_base)."""
-        if base.dtype == torch.bfloat16:
-            return torch.autocast(base.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     @contextlib.contextmanager
     def _active(self, base: Base, adapter: Adapter | None, train: bool = False) -> Iterator[None]:
         """Run the base's model with exactly `adapter` active (None: all adapters disabled)."""
@@ -500,7 +465,7 @@ class Engine:
         return ids.to(base.device), mask.to(base.device)
 
     def _logits(self, base: Base, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        with self.autocast(base):
+        with base.autocast():
             return base.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
 
     def _token_scores(
@@ -515,7 +480,7 @@ class Engine:
             return losses.logprobs_and_entropies(self._logits(base, ids, mask), ids, temperature)
         sel = w > 0  # [B, T]
         sel[:, 0] = False  # position 0 predicts nothing
-        with self.autocast(base):
+        with base.autocast():
             hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
             logits = base.hf.lm_head(hidden[:, :-1][sel[:, 1:]])  # [N, V]: the state before each token
         logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], temperature)  # [N], [N]
@@ -524,7 +489,7 @@ class Engine:
     def _values(self, base: Base, adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """values[b, t] = V(tokens[b, : t + 1]) from the last (final-norm) hidden state."""
         assert adapter.value_head is not None
-        with self.autocast(base):
+        with base.autocast():
             hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
         return adapter.value_head(hidden.float()).squeeze(-1)  # [B, T]
 

@@ -9,9 +9,8 @@ tokens do not depend on which other rows share its batch. A finished row leaves 
 the last row moves into its slot. Joining and leaving copy one row's cache, never the batch's
 (`SlotLayer`), and a decode step computes the live rows only.
 
-On a CPU, a bf16 base decodes under bf16 autocast with its KV cache (`Base.cache_dtype`) and
-attention in fp32 (`use_decode_attention`): CPU attention kernels are several times slower in bf16 for a one-token
-query, while the weight matmuls, which dominate, are faster.
+On a CPU, a bf16 base decodes under bf16 autocast with an fp32 KV cache (`Base.cache_dtype`) and
+attention in fp32 (see precision.py).
 """
 
 from __future__ import annotations
@@ -26,9 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache, PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import DynamicCache
 
 from . import lora_batch
 from .errors import EngineError, bad_request
@@ -76,57 +73,6 @@ class Row:
     sampler_logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
     text: str = ""
-
-
-def _attention_in_cache_dtype(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: object,
-) -> tuple[torch.Tensor, None]:
-    """SDPA in the dtype of the values: fp32 when decoding from an fp32 cache under bf16 autocast
-    (autocast would otherwise run it in bf16), bf16 in prefill and training passes as autocast does
-    (there rotary embeddings may have promoted queries and keys to fp32, values are bf16). With a
-    mask (always, in the sampler) grouped-query heads are shared by SDPA instead of copied per step,
-    as Hugging Face's sdpa path does for masked attention."""
-    dt = value.dtype
-    with torch.autocast(query.device.type, enabled=False):
-        if attention_mask is None:  # the causal cases: Hugging Face's own handling
-            out, _ = sdpa_attention_forward(
-                module,  # type: ignore[arg-type]
-                query.to(dt),
-                key.to(dt),
-                value,
-                attention_mask,
-                dropout=dropout,
-                scaling=scaling,
-                **kwargs,  # type: ignore[arg-type]
-            )
-            return out.to(query.dtype), None
-        out = F.scaled_dot_product_attention(
-            query.to(dt),
-            key.to(dt),
-            value,
-            attn_mask=attention_mask,
-            dropout_p=dropout,
-            scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )  # [B, H, T, D]
-    return out.transpose(1, 2).contiguous().to(query.dtype), None
-
-
-AttentionInterface.register("marft_sdpa", _attention_in_cache_dtype)
-AttentionMaskInterface.register("marft_sdpa", sdpa_mask)
-
-
-def use_decode_attention(model: PreTrainedModel) -> None:
-    """For a bf16 base on a CPU: attention in the cache's dtype (see the module docstring)."""
-    if model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation("marft_sdpa")
 
 
 def _row_seed(entropy: list[int]) -> int:
@@ -262,7 +208,7 @@ class Sampler:
                 r.job.future.set_exception(exc)
 
     def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
-        with torch.no_grad(), self.engine.autocast(base):
+        with torch.no_grad(), base.autocast():
             names = kw.pop("adapter_names")
             assert isinstance(names, list)
             if base.peft is None:
