@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from . import lora_batch
@@ -37,6 +36,7 @@ from .schemas import (
     SampleResult,
     SamplingParams,
 )
+from .token_choice import choose_tokens
 
 if TYPE_CHECKING:
     from .engine import Base, Engine
@@ -163,7 +163,7 @@ class Sampler:
             for k in range(sp.n):
                 gen = None
                 if sp.temperature > 0:
-                    gen = torch.Generator(device=base.device)  # multinomial needs one on the logits device
+                    gen = torch.Generator(device=base.device)  # it draws on the logits' device
                     gen.manual_seed(_row_seed([req.seed, k] if req.seed is not None else [seed, i, k]))
                 rows_by_base.setdefault(base.name, []).append(
                     Row(
@@ -322,55 +322,29 @@ class Sampler:
 
     def _take(self, base: Base, rows: list[Row], logits: torch.Tensor) -> None:
         """Choose one token per row from logits [B, V]; record log-probs; mark finished rows."""
-        B, V = logits.shape
-        temps = torch.tensor(
-            [r.params.temperature if r.params.temperature > 0 else 1.0 for r in rows], device=logits.device
+        dev = logits.device
+        params = [r.params for r in rows]
+        uniforms = [  # one draw per sampled row from its own generator (greedy rows have none)
+            torch.rand((), generator=r.generator, device=dev, dtype=torch.float64)
+            if r.generator is not None
+            else torch.zeros((), device=dev, dtype=torch.float64)
+            for r in rows
+        ]
+        choice = choose_tokens(
+            logits,
+            torch.tensor([p.temperature for p in params], device=dev),
+            torch.tensor([p.top_k for p in params], device=dev),
+            torch.tensor([p.top_p for p in params], device=dev),
+            torch.stack(uniforms),
         )
-        logp = F.log_softmax(logits / temps[:, None], dim=-1)  # [B, V] the tempered policy
-        chosen: list[int] = [0] * B
-        sampler_lp: list[float] = [0.0] * B
-        full: list[int] = []  # rows that sample the whole tempered distribution
-        for i, r in enumerate(rows):
-            sp = r.params
-            if sp.temperature == 0:  # greedy: the sampler is a point mass, log-prob 0
-                chosen[i] = int(torch.argmax(logits[i]))
-            elif sp.top_k > 0 or sp.top_p < 1.0:
-                row = logp[i]  # [V]
-                k = min(sp.top_k, V) if sp.top_k > 0 else V
-                vals, idx = torch.topk(row, k)  # [k] sorted descending
-                if sp.top_p < 1.0:
-                    probs = vals.exp()
-                    before = probs.cumsum(0) - probs  # mass strictly above each token
-                    vals = vals.masked_fill(before >= sp.top_p * probs.sum(), float("-inf"))
-                trunc = vals - torch.logsumexp(vals, 0)  # [k] renormalised
-                j = int(torch.multinomial(trunc.exp(), 1, generator=r.generator))
-                chosen[i] = int(idx[j])
-                sampler_lp[i] = float(trunc[j])
-            else:
-                full.append(i)
-        if full:
-            # Inverse-CDF sampling, all such rows at once, one uniform draw per row from its own
-            # generator. Why not multinomial: on the CPU it draws one exponential per vocabulary entry
-            # (~0.75 ms a row for a 49k vocabulary, 15% of a decode step at batch 20). float64 so the
-            # CDF resolves tokens of probability far below float32's 6e-8 steps near 1; right=True
-            # never lands on a zero-probability token.
-            dev = logits.device
-            u = torch.stack(
-                [torch.rand((), generator=rows[i].generator, device=dev, dtype=torch.float64) for i in full]
-            )
-            cdf = logp[full].double().exp().cumsum(-1)  # [F, V]
-            idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_max(V - 1)  # [F, 1]
-            for i, t in zip(full, idx[:, 0].tolist(), strict=True):
-                chosen[i] = t
-        picked = logp.gather(1, torch.tensor(chosen, device=logits.device)[:, None]).squeeze(1).tolist()
-        for i in full:  # their sampler is the tempered policy itself
-            sampler_lp[i] = picked[i]
         eos = set(base.eos_ids)
-        for i, r in enumerate(rows):
-            t = chosen[i]
+        tokens, logprobs = choice.tokens.tolist(), choice.logprobs.tolist()
+        for r, t, logprob, sampler_logprob in zip(
+            rows, tokens, logprobs, choice.sampler_logprobs.tolist(), strict=True
+        ):
             r.out.append(t)
-            r.logprobs.append(float(picked[i]))
-            r.sampler_logprobs.append(sampler_lp[i])
+            r.logprobs.append(logprob)
+            r.sampler_logprobs.append(sampler_logprob)
             if t in eos and not r.ignore_eos:
                 r.finish = "eos"
             elif r.params.stop and self._stopped(base, r):
