@@ -16,6 +16,7 @@ attention in fp32 (see precision.py).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from .schemas import (
     SampleResult,
     SamplingParams,
 )
+from .stops import stop_completed, text_before_stop
 from .token_choice import choose_tokens
 
 if TYPE_CHECKING:
@@ -72,7 +74,6 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
-    text: str = ""
 
 
 def _row_seed(entropy: list[int]) -> int:
@@ -338,6 +339,7 @@ class Sampler:
             torch.stack(uniforms),
         )
         eos = set(base.eos_ids)
+        decode = functools.partial(base.tokenizer.decode, skip_special_tokens=False)
         tokens, logprobs = choice.tokens.tolist(), choice.logprobs.tolist()
         for r, t, logprob, sampler_logprob in zip(
             rows, tokens, logprobs, choice.sampler_logprobs.tolist(), strict=True
@@ -347,18 +349,10 @@ class Sampler:
             r.sampler_logprobs.append(sampler_logprob)
             if t in eos and not r.ignore_eos:
                 r.finish = "eos"
-            elif r.params.stop and self._stopped(base, r):
+            elif r.params.stop and stop_completed(decode, r.out, r.params.stop):
                 r.finish = "stop"
             elif len(r.out) >= r.params.max_new_tokens or len(r.prompt) + len(r.out) >= base.context_length:
                 r.finish = "length"
-
-    def _stopped(self, base: Base, r: Row) -> bool:
-        text = base.tokenizer.decode(r.out, skip_special_tokens=False)
-        for s in r.params.stop:
-            # only look where the newest token could have completed a match
-            if s in text:
-                return True
-        return False
 
     def _drop_finished(self, base: Base, run: Running[Row]) -> bool:
         """Complete the finished rows and take them out of the batch; returns whether any row is left
@@ -378,8 +372,7 @@ class Sampler:
         else:
             text = base.tokenizer.decode(ids, skip_special_tokens=False)
             if r.finish == "stop":
-                cut = min((text.find(s) for s in r.params.stop if s in text), default=len(text))
-                text = text[:cut]
+                text = text_before_stop(text, r.params.stop)
         job = r.job
         job.completions[r.req][r.k] = Completion(
             response_ids=list(ids),
