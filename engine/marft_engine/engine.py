@@ -29,7 +29,7 @@ from transformers.utils import logging as hf_logging
 
 from . import lora_batch, losses, precision
 from .compute import ComputeThread, on_compute_thread
-from .errors import EngineError, bad_request, not_found
+from .errors import BadRequest, Conflict, NotFound
 from .models import load_source
 from .schemas import (
     AdapterCreate,
@@ -196,13 +196,13 @@ class Engine:
     @on_compute_thread
     def create_base(self, body: BaseCreate) -> BaseInfo:
         if not NAME_RE.match(body.name) or body.name == BASE_ADAPTER:
-            raise bad_request(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
+            raise BadRequest(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
         if body.name in self.bases:
-            raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
+            raise Conflict(f"name: base {body.name!r} already exists")
         try:
             model, tokenizer = load_source(body.source, body.seed)
         except (OSError, ValueError) as e:  # unreadable or foreign files: the caller's source is wrong
-            raise bad_request(f"source: cannot load {body.source!r}: {e}") from e
+            raise BadRequest(f"source: cannot load {body.source!r}: {e}") from e
         dtype = precision.compute_dtype(body.dtype, self.device)
         cache_dtype = precision.place(model, self.device, dtype)
         eos = tokenizer.eos_token_id
@@ -228,7 +228,7 @@ class Engine:
             cache_dtype=cache_dtype,
         )
         if body.name in self.bases:
-            raise EngineError(409, "conflict", f"name: base {body.name!r} already exists")
+            raise Conflict(f"name: base {body.name!r} already exists")
         self.bases[body.name] = base
         return base.info()
 
@@ -238,16 +238,16 @@ class Engine:
 
     def get_base(self, name: str | None, field_name: str = "base") -> Base:
         if name is None:
-            raise bad_request(f"{field_name}: required")
+            raise BadRequest(f"{field_name}: required")
         base = self.bases.get(name)
         if base is None:
-            raise not_found(f"{field_name}: unknown base {name!r} (loaded: {sorted(self.bases)})")
+            raise NotFound(f"{field_name}: unknown base {name!r} (loaded: {sorted(self.bases)})")
         return base
 
     def get_adapter(self, name: str, field_name: str = "adapter") -> Adapter:
         adapter = self.adapters.get(name)
         if adapter is None:
-            raise not_found(f"{field_name}: unknown adapter {name!r} (known: {sorted(self.adapters)})")
+            raise NotFound(f"{field_name}: unknown adapter {name!r} (known: {sorted(self.adapters)})")
         return adapter
 
     def resolve(self, adapter: str, base: str | None, field_prefix: str = "") -> tuple[Base, Adapter | None]:
@@ -256,7 +256,7 @@ class Engine:
             return self.get_base(base, f"{field_prefix}base"), None
         a = self.get_adapter(adapter, f"{field_prefix}adapter")
         if base is not None and base != a.base.name:
-            raise bad_request(
+            raise BadRequest(
                 f"{field_prefix}base: adapter {adapter!r} is on base {a.base.name!r}, not {base!r}"
             )
         return a.base, a
@@ -264,11 +264,11 @@ class Engine:
     @on_compute_thread
     def create_adapter(self, body: AdapterCreate) -> AdapterInfo:
         if not NAME_RE.match(body.name) or body.name == BASE_ADAPTER:
-            raise bad_request(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
+            raise BadRequest(f"name: {body.name!r} must match [A-Za-z0-9_-]+ and not be {BASE_ADAPTER}")
         if body.kind == "policy" and body.value_head_hidden:
-            raise bad_request("value_head_hidden: only critic adapters have a value head")
+            raise BadRequest("value_head_hidden: only critic adapters have a value head")
         if body.name in self.adapters:
-            raise EngineError(409, "conflict", f"name: adapter {body.name!r} already exists")
+            raise Conflict(f"name: adapter {body.name!r} already exists")
         base = self.get_base(body.base)
         lora = body.lora
         init_state: dict[str, torch.Tensor] | None = None
@@ -278,7 +278,7 @@ class Engine:
         if lora.layers is not None:
             bad = [x for x in lora.layers if not -n_layers <= x < n_layers]
             if bad or not lora.layers:
-                raise bad_request(
+                raise BadRequest(
                     f"lora.layers: expected layer indices in [-{n_layers}, {n_layers}) of base "
                     f"{base.name!r}, got {lora.layers}"
                 )
@@ -300,14 +300,14 @@ class Engine:
                 else:
                     base.peft.add_adapter(body.name, cfg)
         except ValueError as e:
-            raise bad_request(f"lora.target_modules: {e}") from e
+            raise BadRequest(f"lora.target_modules: {e}") from e
         base.peft.eval()
         if init_state is not None:
             result = peft.set_peft_model_state_dict(base.peft, init_state, adapter_name=body.name)
             missing = [k for k in result.missing_keys if f".{body.name}." in k and "lora_" in k]
             if missing:
                 self._drop_peft_adapter(base, body.name)
-                raise bad_request(f"init_from: {body.init_from!r} lacks weights such as {missing[0]}")
+                raise BadRequest(f"init_from: {body.init_from!r} lacks weights such as {missing[0]}")
         params = adapter_params(base.peft, body.name)
         head = None
         if body.kind == "critic":
@@ -372,9 +372,8 @@ class Engine:
     @contextlib.contextmanager
     def _active(self, base: Base, adapter: Adapter | None, train: bool = False) -> Iterator[None]:
         """Run the base's model with exactly `adapter` active (None: all adapters disabled)."""
-        if base.peft is None:
-            if adapter is not None:
-                raise EngineError(500, "internal", f"adapter {adapter.name} has no PEFT model")
+        if base.peft is None:  # no adapter was ever made on it
+            assert adapter is None
             yield
             return
         if adapter is None:
@@ -393,23 +392,23 @@ class Engine:
         for i, d in enumerate(data):
             n = len(d.tokens)
             if n > base.context_length:
-                raise bad_request(
+                raise BadRequest(
                     f"data[{i}].tokens: length {n} exceeds the context length {base.context_length} of base {base.name!r}"
                 )
             for j, t in enumerate(d.tokens):
                 if not 0 <= t < base.vocab_size:
-                    raise bad_request(
+                    raise BadRequest(
                         f"data[{i}].tokens[{j}]: token id {t} is outside the vocabulary [0, {base.vocab_size})"
                     )
             for key in ("weights", "old_logprobs", "advantages", "returns", "old_values"):
                 arr = getattr(d, key)
                 if arr is not None and len(arr) != n:
-                    raise bad_request(f"data[{i}].{key}: length {len(arr)} != len(tokens) {n}")
+                    raise BadRequest(f"data[{i}].{key}: length {len(arr)} != len(tokens) {n}")
             for key in need:
                 if getattr(d, key) is None:
-                    raise bad_request(f"data[{i}].{key}: required by this loss")
+                    raise BadRequest(f"data[{i}].{key}: required by this loss")
             if d.weights is not None and d.weights[0] != 0:
-                raise bad_request(f"data[{i}].weights[0]: must be 0 (token 0 has no prediction)")
+                raise BadRequest(f"data[{i}].weights[0]: must be 0 (token 0 has no prediction)")
 
     def _micro_batches(
         self, data: list[Datum], budget: int, base: Base, critic: bool = False
@@ -521,9 +520,9 @@ class Engine:
         adapter = self.get_adapter(body.adapter)
         base = adapter.base
         if body.loss == "value" and adapter.kind != "critic":
-            raise bad_request(f"loss: 'value' needs a critic adapter; {adapter.name!r} is a policy")
+            raise BadRequest(f"loss: 'value' needs a critic adapter; {adapter.name!r} is a policy")
         if body.loss != "value" and adapter.kind != "policy":
-            raise bad_request(f"loss: {body.loss!r} needs a policy adapter; {adapter.name!r} is a critic")
+            raise BadRequest(f"loss: {body.loss!r} needs a policy adapter; {adapter.name!r} is a critic")
         need = {
             "ppo": ["old_logprobs", "advantages"],
             "importance_sampling": ["old_logprobs", "advantages"],
@@ -537,7 +536,7 @@ class Engine:
         all_w = [(d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data]
         total_w = float(sum(sum(w) for w in all_w))
         if total_w <= 0:
-            raise bad_request("data[*].weights: no token has a positive weight")
+            raise BadRequest("data[*].weights: no token has a positive weight")
         agg = body.ppo.aggregation
         norm = total_w if agg == "token-mean" else float(len(data))
         st = _CallStats()
@@ -664,7 +663,7 @@ class Engine:
         target = Path(body.path)
         parent = target.parent
         if not parent.is_dir():
-            raise bad_request(f"path: parent directory {str(parent)!r} does not exist")
+            raise BadRequest(f"path: parent directory {str(parent)!r} does not exist")
         tmp = parent / f"{target.name}.tmp-{secrets.token_hex(4)}"
         try:
             tmp.mkdir()
@@ -718,15 +717,15 @@ class Engine:
         root = Path(body.path)
         mf = root / "manifest.json"
         if not mf.is_file():
-            raise bad_request(f"path: {body.path!r} is not a checkpoint (no manifest.json)")
+            raise BadRequest(f"path: {body.path!r} is not a checkpoint (no manifest.json)")
         manifest = json.loads(mf.read_text())
         names = body.adapters if body.adapters is not None else list(manifest["adapters"])
         for i, n in enumerate(names):
             if n not in manifest["adapters"]:
-                raise bad_request(f"adapters[{i}]: {n!r} is not in the checkpoint")
+                raise BadRequest(f"adapters[{i}]: {n!r} is not in the checkpoint")
             b = manifest["adapters"][n]["base"]
             if b not in self.bases:
-                raise bad_request(
+                raise BadRequest(
                     f"adapters[{i}]: its base {b!r} ({manifest['bases'][b]['source']}) is not loaded; create it first"
                 )
         for n in names:
@@ -734,7 +733,7 @@ class Engine:
             d = root / "adapters" / n
             a = self.adapters.get(n)
             if a is not None and (a.kind != m["kind"] or a.base.name != m["base"]):
-                raise bad_request(
+                raise BadRequest(
                     f"adapters: {n!r} exists here as a {a.kind} on {a.base.name}; the checkpoint has a {m['kind']} on {m['base']}"
                 )
             if a is None:
@@ -834,15 +833,15 @@ def read_peft_dir(path: str) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
     cfg_file = d / "adapter_config.json"
     weights = d / "adapter_model.safetensors"
     if not cfg_file.is_file() or not weights.is_file():
-        raise bad_request(
+        raise BadRequest(
             f"init_from: {path!r} is not a PEFT folder (adapter_config.json + adapter_model.safetensors)"
         )
     cfg = json.loads(cfg_file.read_text())
     if cfg.get("peft_type", "LORA") != "LORA":
-        raise bad_request(f"init_from: {path!r} holds a {cfg.get('peft_type')} adapter, not LoRA")
+        raise BadRequest(f"init_from: {path!r} holds a {cfg.get('peft_type')} adapter, not LoRA")
     targets = cfg.get("target_modules") or ["q_proj", "v_proj"]
     if isinstance(targets, str):
-        raise bad_request(f"init_from: {path!r} uses a regex target_modules, which is not supported")
+        raise BadRequest(f"init_from: {path!r} uses a regex target_modules, which is not supported")
     lora = LoraConfig(
         r=int(cfg.get("r", 8)),
         alpha=float(cfg.get("lora_alpha", 16)),

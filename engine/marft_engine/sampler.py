@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from . import lora_batch
-from .errors import EngineError, bad_request
+from .errors import BadRequest, Conflict
 from .kv_cache import Running, layers_of
 from .schemas import (
     Completion,
@@ -99,17 +99,17 @@ class Sampler:
 
         assert isinstance(req, SampleRequest)
         if (req.messages is None) == (req.prompt_ids is None):
-            raise bad_request(f"requests[{i}]: give exactly one of messages and prompt_ids")
+            raise BadRequest(f"requests[{i}]: give exactly one of messages and prompt_ids")
         if req.messages is not None:
             if not req.messages:
-                raise bad_request(f"requests[{i}].messages: empty")
+                raise BadRequest(f"requests[{i}].messages: empty")
             msgs = [m.model_dump() for m in req.messages]
             try:
                 out = base.tokenizer.apply_chat_template(
                     msgs, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
             except (ValueError, TypeError) as e:  # e.g. a tokenizer without a chat template
-                raise bad_request(
+                raise BadRequest(
                     f"requests[{i}].messages: cannot apply the chat template of base {base.name!r}: {e}"
                 ) from e
             ids = [int(t) for t in (out["input_ids"] if isinstance(out, dict) else out)]
@@ -119,14 +119,14 @@ class Sampler:
             ids = list(req.prompt_ids)
             field_name = "prompt_ids"
             if not ids:
-                raise bad_request(f"requests[{i}].prompt_ids: empty")
+                raise BadRequest(f"requests[{i}].prompt_ids: empty")
             for j, t in enumerate(ids):
                 if not 0 <= t < base.vocab_size:
-                    raise bad_request(
+                    raise BadRequest(
                         f"requests[{i}].prompt_ids[{j}]: token id {t} is outside the vocabulary [0, {base.vocab_size})"
                     )
         if len(ids) >= base.context_length:
-            raise bad_request(
+            raise BadRequest(
                 f"requests[{i}].{field_name}: the prompt is {len(ids)} tokens; the context of base "
                 f"{base.name!r} is {base.context_length}"
             )
@@ -142,13 +142,11 @@ class Sampler:
         for i, req in enumerate(body.requests):
             base, adapter = eng.resolve(req.adapter, req.base, f"requests[{i}].")
             if adapter is not None and adapter.kind != "policy":
-                raise bad_request(
-                    f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy"
-                )
+                raise BadRequest(f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy")
             ids = self._prompt_ids(base, i, req)
             for s in req.sampling.stop:
                 if not s:
-                    raise bad_request(f"requests[{i}].sampling.stop: empty stop string")
+                    raise BadRequest(f"requests[{i}].sampling.stop: empty stop string")
             version = adapter.version if adapter is not None else 0
             prepared.append((base, ids, req, version))
         job = Job(
@@ -227,7 +225,7 @@ class Sampler:
         while q and len(new) < room:
             r = q.popleft()
             if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters:
-                r.job.future.set_exception(bad_request(f"adapter {r.adapter!r} was deleted before sampling"))
+                r.job.future.set_exception(BadRequest(f"adapter {r.adapter!r} was deleted before sampling"))
                 continue
             if not r.job.future.done():
                 new.append(r)
@@ -292,9 +290,7 @@ class Sampler:
         if gone:  # deleted mid-decode: fail those calls rather than silently continue on the bare base
             for r in gone:
                 if not r.job.future.done():
-                    r.job.future.set_exception(
-                        EngineError(409, "conflict", f"adapter {r.adapter!r} was deleted while sampling")
-                    )
+                    r.job.future.set_exception(Conflict(f"adapter {r.adapter!r} was deleted while sampling"))
                 r.finish = "length"
             if not self._drop_finished(base, run):
                 return

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .errors import EngineError
+from .errors import EngineError, Unavailable
 from .schemas import (
     AdapterCreate,
     AdapterInfo,
@@ -140,7 +140,7 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
 
     def need() -> Any:
         if engine is None:
-            raise EngineError(503, "unavailable", "no engine behind this app")
+            raise Unavailable("no engine behind this app")
         return engine
 
     async def run(fn: Callable[..., Any], *args: Any) -> Any:
