@@ -21,7 +21,6 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,22 +29,12 @@ from transformers import DynamicCache
 from . import lora_batch
 from .errors import BadRequest, Conflict
 from .kv_cache import Running, layers_of
-from .schemas import (
-    Completion,
-    SampleBatch,
-    SampleResponse,
-    SampleResult,
-    SamplingParams,
-)
+from .registry import BASE_ADAPTER, Base, Registry
+from .schemas import Completion, SampleBatch, SampleRequest, SampleResponse, SampleResult, SamplingParams
 from .stops import stop_completed, text_before_stop
 from .token_choice import choose_tokens
 
-if TYPE_CHECKING:
-    from .engine import Base, Engine
-
 log = logging.getLogger("marft_engine")
-
-BASE_ADAPTER = "__base__"
 
 
 @dataclass
@@ -85,19 +74,20 @@ class Sampler:
     """The decode loop, as the compute thread's background work (see compute.py): every method runs
     on the compute thread, so the queues and batches need no lock."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, registry: Registry, max_batch: int) -> None:
+        self.registry = registry
+        self.max_batch = max_batch
         self.queued: dict[str, deque[Row]] = {}  # base name -> rows waiting for admission
         self.running: dict[str, Running[Row]] = {}
         self.peak_batch = 0  # most rows decoded together so far (observability, tests)
+        self.tokens_sampled = 0
+        self.decode_steps = 0  # decode steps, and the rows they computed (mean batch = rows / steps)
+        self.decode_rows = 0
 
     # ------------------------------------------------------------------------------------------------
     # admission of a call
 
-    def _prompt_ids(self, base: Base, i: int, req: object) -> list[int]:
-        from .schemas import SampleRequest
-
-        assert isinstance(req, SampleRequest)
+    def _prompt_ids(self, base: Base, i: int, req: SampleRequest) -> list[int]:
         if (req.messages is None) == (req.prompt_ids is None):
             raise BadRequest(f"requests[{i}]: give exactly one of messages and prompt_ids")
         if req.messages is not None:
@@ -133,14 +123,13 @@ class Sampler:
         return ids
 
     def submit(self, body: SampleBatch) -> concurrent.futures.Future[SampleResponse]:
-        eng = self.engine
         future: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
-        prepared = []
+        prepared: list[tuple[Base, list[int], SampleRequest, int]] = []  # (base, prompt, request, version)
         seed = body.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())  # from the global RNG (checkpointed)
         for i, req in enumerate(body.requests):
-            base, adapter = eng.resolve(req.adapter, req.base, f"requests[{i}].")
+            base, adapter = self.registry.resolve(req.adapter, req.base, f"requests[{i}].")
             if adapter is not None and adapter.kind != "policy":
                 raise BadRequest(f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy")
             ids = self._prompt_ids(base, i, req)
@@ -190,7 +179,7 @@ class Sampler:
         """Admit waiting rows and run one decode step, on every base that has rows."""
         for name in sorted(set(self.running) | {n for n, q in self.queued.items() if q}):
             try:
-                base = self.engine.bases.get(name)
+                base = self.registry.bases.get(name)
                 if base is None:
                     raise RuntimeError(f"base {name!r} is gone")
                 self._admit(base)
@@ -219,12 +208,12 @@ class Sampler:
 
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)
-        room = self.engine.max_batch - (len(run.rows) if run else 0)
+        room = self.max_batch - (len(run.rows) if run else 0)
         q = self.queued.get(base.name)
         new: list[Row] = []
         while q and len(new) < room:
             r = q.popleft()
-            if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters:
+            if r.adapter != BASE_ADAPTER and r.adapter not in self.registry.adapters:
                 r.job.future.set_exception(BadRequest(f"adapter {r.adapter!r} was deleted before sampling"))
                 continue
             if not r.job.future.done():
@@ -279,14 +268,14 @@ class Sampler:
                 self._complete(base, r)
         if live:
             if run is None:
-                run = self.running[base.name] = Running(self.engine.max_batch, base.cache_dtype)
+                run = self.running[base.name] = Running(self.max_batch, base.cache_dtype)
             run.add([new[j] for j in live], layers_of(cache), [which[j] for j in live])
 
     def _step(self, base: Base) -> None:
         run = self.running.get(base.name)
         if run is None:
             return
-        gone = [r for r in run.rows if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters]
+        gone = [r for r in run.rows if r.adapter != BASE_ADAPTER and r.adapter not in self.registry.adapters]
         if gone:  # deleted mid-decode: fail those calls rather than silently continue on the bare base
             for r in gone:
                 if not r.job.future.done():
@@ -297,8 +286,8 @@ class Sampler:
         dev = base.device
         B = len(run.rows)
         self.peak_batch = max(self.peak_batch, B)
-        self.engine.counters.decode_steps += 1
-        self.engine.counters.decode_rows += B
+        self.decode_steps += 1
+        self.decode_rows += B
         ids = torch.tensor([[r.out[-1]] for r in run.rows], device=dev)  # [B, 1]
         mask, pos = run.step_inputs(dev)  # [B, L+1], [B, 1]
         logits = self._model_call(
@@ -378,7 +367,7 @@ class Sampler:
             finish_reason=r.finish,  # type: ignore[arg-type]
         )
         job.tokens += len(ids)
-        self.engine.counters.tokens_sampled += len(ids)
+        self.tokens_sampled += len(ids)
         job.remaining -= 1
         if job.remaining == 0 and not job.future.done():
             results = [
