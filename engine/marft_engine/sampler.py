@@ -1,13 +1,16 @@
-"""Continuous-batching sampler: one decode loop per base, on one thread, with a slot KV cache.
+"""Continuous-batching sampler: one decode loop over every base, stepped by the compute thread
+(compute.py) between engine calls, with a slot KV cache (kv_cache.py).
 
-Each `sample` call becomes rows (one per completion) queued for its base. Between decode steps the
+Each `sample` call becomes rows (one per completion) queued for its base. Before each decode step the
 loop admits queued rows: it prefills their prompts (each distinct prompt once; its n samples share
 that prefill) and copies each row's prompt cache into a free slot of the running batch, so requests
 from concurrent HTTP calls share one batch. Every row carries its own position ids, adapter (PEFT
 `adapter_names`, "__base__" = bare base), sampling parameters and seeded generator, so a row's
 tokens do not depend on which other rows share its batch. A finished row leaves the batch at once:
 the last row moves into its slot. Joining and leaving copy one row's cache, never the batch's
-(`SlotLayer`), and a decode step computes the live rows only.
+(`SlotLayer`), and a decode step computes the live rows only. Each step chooses every row's token
+at once (token_choice.py) and checks its stop strings on the text the token can have completed
+(stops.py).
 
 On a CPU, a bf16 base decodes under bf16 autocast with an fp32 KV cache (`Base.cache_dtype`) and
 attention in fp32 (see precision.py).
@@ -21,6 +24,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -58,11 +62,10 @@ class Row:
     adapter: str
     params: SamplingParams
     generator: torch.Generator | None  # None for greedy
-    ignore_eos: bool
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
+    finish: Literal["stop", "eos", "length"] | None = None
 
 
 def _row_seed(entropy: list[int]) -> int:
@@ -162,7 +165,6 @@ class Sampler:
                         adapter=req.adapter,
                         params=sp,
                         generator=gen,
-                        ignore_eos=sp.ignore_eos,
                     )
                 )
         for name, rows in rows_by_base.items():
@@ -195,15 +197,14 @@ class Sampler:
             if not r.job.future.done():
                 r.job.future.set_exception(exc)
 
-    def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
+    def _model_call(self, base: Base, adapter_names: list[str], **kw: object) -> torch.Tensor:
+        """The last position's logits [B, V] of a pass with each row through its own adapter."""
         with torch.no_grad(), base.autocast():
-            names = kw.pop("adapter_names")
-            assert isinstance(names, list)
             if base.peft is None:
                 out = base.hf(**kw)
             else:
-                with lora_batch.rows(base.hf, names) as direct:
-                    out = base.hf(**kw) if direct else base.peft(**kw, adapter_names=names)
+                with lora_batch.rows(base.hf, adapter_names) as direct:
+                    out = base.hf(**kw) if direct else base.peft(**kw, adapter_names=adapter_names)
         return out.logits[:, -1].float()  # [B, V]
 
     def _admit(self, base: Base) -> None:
@@ -332,7 +333,7 @@ class Sampler:
             r.out.append(t)
             r.logprobs.append(logprob)
             r.sampler_logprobs.append(sampler_logprob)
-            if t in eos and not r.ignore_eos:
+            if t in eos and not r.params.ignore_eos:
                 r.finish = "eos"
             elif r.params.stop and stop_completed(decode, r.out, r.params.stop):
                 r.finish = "stop"
@@ -364,7 +365,7 @@ class Sampler:
             logprobs=r.logprobs,
             sampler_logprobs=r.sampler_logprobs,
             text=text,
-            finish_reason=r.finish,  # type: ignore[arg-type]
+            finish_reason=r.finish,
         )
         job.tokens += len(ids)
         self.tokens_sampled += len(ids)

@@ -47,7 +47,6 @@ def test_slot_cache_keeps_every_row_through_joins_leaves_and_relayouts(
                 adapter="a",
                 params=None,
                 generator=None,
-                ignore_eos=False,
             )  # type: ignore[arg-type]
             rows[next_id], want[next_id] = r, [kv[li][0][j, :, Lp - p :].double() for li in range(layers)]
             new.append(r)
