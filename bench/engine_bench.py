@@ -349,7 +349,7 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="fewer repetitions (about 3 minutes on 2 CPU cores)",
+        help="fewer repetitions and shorter training sequences",
     )
     ap.add_argument("--out", required=True)
     ap.add_argument(

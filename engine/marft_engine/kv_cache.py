@@ -26,7 +26,7 @@ class SlotLayer(DynamicLayer):
 
     Why slots: rows join and leave the batch all the time (continuous batching). Concatenating caches
     on a join and index-selecting them on a leave copies the whole batch's cache at every such event,
-    gigabytes per event at RL batch sizes. Here a joining row's prompt is copied into a free slot and a
+    which grows with the batch and its context. Here a joining row's prompt is copied into a free slot and a
     leaving row's slot is refilled by the last row (swap-remove), so an event copies one row's cache.
     Geometry (set by `Running`): the batch's rows are slots [0, n); every row's tokens end at column
     `end` (left padding); attention reads columns [start, end). `update` writes the step's keys at
