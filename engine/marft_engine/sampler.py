@@ -126,6 +126,8 @@ class Sampler:
         return ids
 
     def submit(self, body: SampleBatch) -> concurrent.futures.Future[SampleResponse]:
+        """Queue a call's rows (every request is checked first, so a bad one queues nothing); the
+        future resolves when all of them are done."""
         future: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
         prepared: list[tuple[Base, list[int], SampleRequest, int]] = []  # (base, prompt, request, version)
         seed = body.seed
