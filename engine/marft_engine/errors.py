@@ -1,19 +1,38 @@
-"""The one exception type the engine raises for client errors; the server maps it to ErrorBody."""
+"""The errors the engine raises for requests it refuses; the server answers each with its status and
+an ErrorBody {error: kind, message}. Anything else that escapes an engine call is an internal error
+(500, logged by the server)."""
 
 from __future__ import annotations
 
 
 class EngineError(Exception):
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    status: int  # the HTTP status
+    kind: str  # ErrorBody.error
+
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.status = status
-        self.kind = kind
         self.message = message
 
 
-def bad_request(message: str) -> EngineError:
-    return EngineError(400, "bad_request", message)
+class BadRequest(EngineError):
+    """A value in the request is wrong; the message starts with its field path."""
+
+    status = 400
+    kind = "bad_request"
 
 
-def not_found(message: str) -> EngineError:
-    return EngineError(404, "not_found", message)
+class NotFound(EngineError):
+    status = 404
+    kind = "not_found"
+
+
+class Conflict(EngineError):
+    """A name is taken, or an adapter went away while a call used it."""
+
+    status = 409
+    kind = "conflict"
+
+
+class Unavailable(EngineError):
+    status = 503
+    kind = "unavailable"

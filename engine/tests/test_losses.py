@@ -110,13 +110,15 @@ def test_value_loss_clipped_mse_and_huber_by_hand() -> None:
     assert loss.item() == pytest.approx((0.525 + 0.125) / 2, abs=1e-12)
 
 
-def test_token_logprobs_alignment_and_temperature() -> None:
+def test_logprobs_and_entropies_alignment_and_temperature() -> None:
     logits = torch.randn(2, 4, 7, dtype=torch.float64)
     tokens = torch.randint(0, 7, (2, 4))
-    lp = losses.token_logprobs(logits, tokens, 0.5)
-    assert lp[:, 0].abs().sum() == 0
+    lp, ent = losses.logprobs_and_entropies(logits, tokens, 0.5)
+    assert lp[:, 0].abs().sum() == 0 and ent[:, 0].abs().sum() == 0
     expect = torch.log_softmax(logits[1, 2] / 0.5, -1)[tokens[1, 3]]
     assert lp[1, 3].item() == pytest.approx(expect.item())
+    p = torch.softmax(logits[1, 2] / 0.5, -1)  # the prediction of token 3 from tokens[:3]
+    assert ent[1, 3].item() == pytest.approx(-(p * p.log()).sum().item())
 
 
 def test_unweighted_positions_cannot_poison_the_loss() -> None:

@@ -1,0 +1,117 @@
+"""Precision: which dtype a base computes in, how its weights are stored, and decode attention.
+
+A base computes in fp32 or bf16 (`compute_dtype`). On a GPU a bf16 base is stored in bf16. On a CPU
+it keeps fp32 embeddings and norms (so the residual stream is fp32, as under autocast) and bf16
+linear weights (`bf16_linear_weights`), every pass runs under bf16 autocast (`autocast`), and the
+sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). LoRA
+weights, value heads and optimizer state are fp32 everywhere (see registry.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+DECODE_ATTENTION = "marft_sdpa"  # the name the attention override is registered under
+
+
+def compute_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """BaseCreate.dtype -> the dtype a base computes in. bf16 by default on GPU; on CPU only when
+    asked for, since it is fast only where the CPU has bf16 instructions (AVX512_BF16 / AMX), and
+    fp32 keeps the exact sample/forward parity the tests rely on."""
+    if requested == "bfloat16" or (device.type == "cuda" and requested == "auto"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """Move a frozen base to the device in the storage its compute dtype wants (module docstring).
+    Returns the dtype of the sampler's KV cache: None for the one the model computes in."""
+    store = dtype if device.type == "cuda" else torch.float32
+    model.to(device=device, dtype=store).eval().requires_grad_(False)
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        bf16_linear_weights(model)
+        install_decode_attention(model)
+        return torch.float32
+    return None
+
+
+def bf16_linear_weights(model: PreTrainedModel) -> None:
+    """Store a frozen model's linear weights in bf16, everything else as it is. Under bf16 autocast a
+    linear layer casts its weight to bf16 anyway, so the results are unchanged; what goes is that cast,
+    on every call (frozen weights are not in autocast's cast cache), a large share of a CPU decode
+    step. A tied LM head gets its own bf16 copy, so the input embeddings stay fp32."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear) and head.weight is emb.weight:
+        head.weight = torch.nn.Parameter(emb.weight.detach().to(torch.bfloat16), requires_grad=False)
+        model.config.tie_word_embeddings = False
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight.data = m.weight.data.to(torch.bfloat16)
+            if m.bias is not None:
+                m.bias.data = m.bias.data.to(torch.bfloat16)
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[object]:
+    """The context a pass of a base computing in `dtype` runs in (a bf16 base's weights may be
+    stored fp32, see `place`)."""
+    if dtype == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def install_decode_attention(model: PreTrainedModel) -> None:
+    """For a bf16 base on a CPU: attention in the dtype of the values (`attention_in_cache_dtype`).
+    Why: CPU attention kernels are several times slower in bf16 for a one-token query, while the
+    weight matmuls, which dominate a decode step, are faster. Registers the override with
+    transformers (idempotent) and switches the model to it."""
+    AttentionInterface.register(DECODE_ATTENTION, attention_in_cache_dtype)
+    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(DECODE_ATTENTION)
+
+
+def attention_in_cache_dtype(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, T, D]
+    key: torch.Tensor,  # [B, H_kv, L, D]
+    value: torch.Tensor,  # [B, H_kv, L, D]
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """SDPA in the dtype of the values: fp32 when decoding from an fp32 cache under bf16 autocast
+    (autocast would otherwise run it in bf16), bf16 in prefill and training passes as autocast does
+    (there rotary embeddings may have promoted queries and keys to fp32, values are bf16). With a
+    mask (always, in the sampler) grouped-query heads are shared by SDPA instead of copied per step,
+    as Hugging Face's sdpa path does for masked attention. Returns ([B, T, H, D], None)."""
+    dt = value.dtype
+    with torch.autocast(query.device.type, enabled=False):
+        if attention_mask is None:  # the causal cases: Hugging Face's own handling
+            out, _ = sdpa_attention_forward(
+                module,  # type: ignore[arg-type]
+                query.to(dt),
+                key.to(dt),
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                **kwargs,  # type: ignore[arg-type]
+            )
+            return out.to(query.dtype), None
+        out = F.scaled_dot_product_attention(
+            query.to(dt),
+            key.to(dt),
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )  # [B, H, T, D]
+    return out.transpose(1, 2).contiguous().to(query.dtype), None

@@ -1,0 +1,397 @@
+"""Forward and training passes: log-probs and values (`forward`), a loss's gradients
+(`forward_backward`, over the table `LOSSES`), and the optimizer step (`optim_step`).
+
+A call's data are cut into micro-batches of consecutive data within a token budget
+(`micro_batches`). Every loss is normalised over the whole call (the call's total weight or number
+of data), so the micro-batches' accumulated gradients equal the gradient of one full batch.
+
+Shapes: B = data in a micro-batch, T = its longest datum (shorter ones right-padded), V =
+vocabulary, N = positions whose logits are computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from . import lora_batch, losses
+from .errors import BadRequest
+from .registry import Adapter, Base, Registry
+from .schemas import (
+    Datum,
+    ForwardBackwardRequest,
+    ForwardBackwardResponse,
+    ForwardRequest,
+    ForwardResponse,
+    ForwardResult,
+    OptimStepRequest,
+    OptimStepResponse,
+)
+
+# Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches).
+LOGITS_BUDGET = 2**25
+
+
+@contextlib.contextmanager
+def active(base: Base, adapter: Adapter | None, train: bool = False) -> Iterator[None]:
+    """Run the base's model with exactly `adapter` active (None: all adapters disabled)."""
+    if base.peft is None:  # no adapter was ever made on it
+        assert adapter is None
+        yield
+        return
+    if adapter is None:
+        with base.peft.disable_adapter():
+            yield
+        return
+    # set_adapter also makes only this adapter's LoRA weights require grad
+    base.peft.set_adapter(adapter.name)
+    base.peft.train(train and adapter.lora.dropout > 0)
+    try:
+        yield
+    finally:
+        base.peft.eval()
+
+
+def validate_data(base: Base, data: list[Datum], need: list[str]) -> None:
+    for i, d in enumerate(data):
+        n = len(d.tokens)
+        if n > base.context_length:
+            raise BadRequest(
+                f"data[{i}].tokens: length {n} exceeds the context length {base.context_length} of base {base.name!r}"
+            )
+        for j, t in enumerate(d.tokens):
+            if not 0 <= t < base.vocab_size:
+                raise BadRequest(
+                    f"data[{i}].tokens[{j}]: token id {t} is outside the vocabulary [0, {base.vocab_size})"
+                )
+        for key in ("weights", "old_logprobs", "advantages", "returns", "old_values"):
+            arr = getattr(d, key)
+            if arr is not None and len(arr) != n:
+                raise BadRequest(f"data[{i}].{key}: length {len(arr)} != len(tokens) {n}")
+        for key in need:
+            if getattr(d, key) is None:
+                raise BadRequest(f"data[{i}].{key}: required by this loss")
+        if d.weights is not None and d.weights[0] != 0:
+            raise BadRequest(f"data[{i}].weights[0]: must be 0 (token 0 has no prediction)")
+
+
+def micro_batches(data: list[Datum], budget: int, base: Base, critic: bool) -> list[list[int]]:
+    """Consecutive groups whose padded size (rows x longest) stays within the token budget, and
+    whose fp32 logits stay near LOGITS_BUDGET elements: with a 49k vocabulary, 8192 tokens of fp32
+    logits are 1.6 GB, and the log-softmax, exp and gradient tensors built from them several times
+    that. Logits exist only at the scored positions (weights > 0) for model families with a plain LM
+    head (see token_scores), at every position otherwise; a critic has none."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    scored = 0  # positions of the current group that need logits (plain head)
+    for i, d in enumerate(data):
+        n = len(d.tokens)
+        padded = (len(cur) + 1) * max(longest, n)
+        mine = sum(1 for w in d.weights[1:] if w > 0) if d.weights is not None else n - 1
+        logit_rows = 0 if critic else (scored + mine if base.plain_head else padded)
+        if cur and (padded > budget or logit_rows * base.vocab_size > LOGITS_BUDGET):
+            groups.append(cur)
+            cur, longest, scored = [], 0, 0
+        cur.append(i)
+        longest = max(longest, n)
+        scored += mine
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def pad(base: Base, data: list[Datum], idx: list[int], key: str) -> torch.Tensor:
+    """[B, T] right-padded float tensor of a per-token field, 0 where absent (weights default: all
+    but token 0)."""
+    T = max(len(data[i].tokens) for i in idx)
+    out = torch.zeros((len(idx), T), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        d = data[i]
+        arr = getattr(d, key)
+        if arr is None and key == "weights":
+            arr = [0.0] + [1.0] * (len(d.tokens) - 1)
+        if arr is not None:
+            out[r, : len(arr)] = torch.tensor(arr, dtype=torch.float32)
+    return out.to(base.device)
+
+
+def inputs(base: Base, data: list[Datum], idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) [B, T], right-padded."""
+    T = max(len(data[i].tokens) for i in idx)
+    ids = torch.full((len(idx), T), base.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(idx), T), dtype=torch.long)
+    for r, i in enumerate(idx):
+        n = len(data[i].tokens)
+        ids[r, :n] = torch.tensor(data[i].tokens, dtype=torch.long)
+        mask[r, :n] = 1
+    return ids.to(base.device), mask.to(base.device)
+
+
+def token_scores(
+    base: Base, ids: torch.Tensor, mask: torch.Tensor, w: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy) [B, T] as losses.logprobs_and_entropies, but only where the weight w [B, T]
+    is positive; zero elsewhere. Why: the LM head and its softmax are a vocabulary-wide (49k for
+    SmolLM2) matmul and fp32 pass per position, and a policy's loss needs only the action tokens,
+    not the prompt's, which are most of a sequence. Other model families (logit scaling or
+    soft-capping in their forward) take the full-logits path."""
+    if not base.plain_head:
+        with base.autocast():
+            logits = base.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
+        return losses.logprobs_and_entropies(logits, ids, temperature)
+    sel = w > 0  # [B, T]
+    sel[:, 0] = False  # position 0 predicts nothing
+    with base.autocast():
+        hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        logits = base.hf.lm_head(hidden[:, :-1][sel[:, 1:]])  # [N, V]: the state before each token
+    logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], temperature)  # [N], [N]
+    return losses.scatter_selected(logp, sel), losses.scatter_selected(ent, sel)
+
+
+def values(base: Base, adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values[b, t] = V(tokens[b, : t + 1]) [B, T] from the last (final-norm) hidden state."""
+    assert adapter.value_head is not None
+    with base.autocast():
+        hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    return adapter.value_head(hidden.float()).squeeze(-1)  # [B, T]
+
+
+def forward(registry: Registry, body: ForwardRequest) -> ForwardResponse:
+    base, adapter = registry.resolve(body.adapter, body.base)
+    validate_data(base, body.data, [])
+    results: list[ForwardResult] = [ForwardResult() for _ in body.data]
+    with torch.no_grad(), active(base, adapter):
+        critic = adapter is not None and adapter.kind == "critic"
+        for idx in micro_batches(body.data, body.micro_batch_tokens, base, critic):
+            ids, mask = inputs(base, body.data, idx)
+            if critic:
+                assert adapter is not None
+                v = values(base, adapter, ids, mask)  # [B, T]
+                for r, i in enumerate(idx):
+                    n = len(body.data[i].tokens)
+                    results[i] = ForwardResult(values=v[r, :n].tolist())
+                continue
+            # weights given: log-probs only where they are positive (e.g. a response), 0 elsewhere
+            w = pad(base, body.data, idx, "weights")  # [B, T]
+            logp, ent = token_scores(base, ids, mask, w, body.temperature)
+            for r, i in enumerate(idx):
+                n = len(body.data[i].tokens)
+                results[i] = ForwardResult(logprobs=logp[r, :n].tolist(), entropies=ent[r, :n].tolist())
+    return ForwardResponse(results=results)
+
+
+# ----------------------------------------------------------------------------------------------------
+# forward_backward: one loop over micro-batches, one table entry per loss
+
+
+@dataclass
+class MicroBatch:
+    base: Base
+    adapter: Adapter
+    data: list[Datum]
+    idx: list[int]  # which data
+    ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T]
+    w: torch.Tensor  # [B, T] weights
+    aggregation: str
+    norm: float  # the call's normaliser (see losses.aggregate)
+
+    def field(self, key: str) -> torch.Tensor:
+        return pad(self.base, self.data, self.idx, key)  # [B, T]
+
+    def policy_scores(self, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp, entropy) [B, T] under the adapter being trained, with grad."""
+        with active(self.base, self.adapter, train=True):
+            return token_scores(self.base, self.ids, self.mask, self.w, temperature)
+
+    def reference_logprobs(self, temperature: float) -> torch.Tensor:
+        """logp [B, T] under the bare base (adapters disabled), without grad."""
+        with torch.no_grad(), active(self.base, None):
+            return token_scores(self.base, self.ids, self.mask, self.w, temperature)[0]
+
+    def values(self) -> torch.Tensor:
+        """values [B, T] of the critic being trained, with grad."""
+        with active(self.base, self.adapter, train=True):
+            return values(self.base, self.adapter, self.ids, self.mask)
+
+
+@dataclass
+class CallStats:
+    """Weighted sums over a whole forward_backward call; divided by the total weight at the end."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, value: torch.Tensor | float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value)
+
+
+def _policy_ratio_stats(st: CallStats, logp: torch.Tensor, old: torch.Tensor, w: torch.Tensor) -> None:
+    log_r = (logp.detach() - old) * (w > 0)  # [B, T] token-level, whatever the loss's ratio level
+    r = log_r.exp()
+    st.add("ratio_mean", (r * w).sum())
+    st.add("approx_kl", (((r - 1) - log_r) * w).sum())
+
+
+def _ppo(mb: MicroBatch, body: ForwardBackwardRequest, st: CallStats) -> torch.Tensor:
+    cfg = body.ppo
+    ref = mb.reference_logprobs(body.temperature) if cfg.kl_coef > 0 else None
+    logp, ent = mb.policy_scores(body.temperature)
+    st.add("entropy", (ent.detach() * mb.w).sum())
+    old, adv = mb.field("old_logprobs"), mb.field("advantages")
+    terms = losses.ppo_loss(
+        logp,
+        old,
+        adv,
+        mb.w,
+        ent if cfg.entropy_coef != 0 else None,
+        ref,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        entropy_coef=cfg.entropy_coef,
+        kl_coef=cfg.kl_coef,
+        kl_estimator=cfg.kl_estimator,
+        ratio_level=cfg.ratio,
+        sequence_logprob=cfg.sequence_logprob,
+        aggregation=mb.aggregation,
+        norm=mb.norm,
+    )
+    st.add("clipfrac", (terms.clipped.float() * mb.w).sum())
+    if terms.kl_ref is not None:
+        st.add("kl_ref", (terms.kl_ref.detach() * mb.w).sum())
+    _policy_ratio_stats(st, logp, old, mb.w)
+    return terms.loss
+
+
+def _importance_sampling(mb: MicroBatch, body: ForwardBackwardRequest, st: CallStats) -> torch.Tensor:
+    logp, ent = mb.policy_scores(body.temperature)
+    st.add("entropy", (ent.detach() * mb.w).sum())
+    old, adv = mb.field("old_logprobs"), mb.field("advantages")
+    loss, _ = losses.importance_sampling_loss(logp, old, adv, mb.w, aggregation=mb.aggregation, norm=mb.norm)
+    _policy_ratio_stats(st, logp, old, mb.w)
+    return loss
+
+
+def _cross_entropy(mb: MicroBatch, body: ForwardBackwardRequest, st: CallStats) -> torch.Tensor:
+    logp, ent = mb.policy_scores(body.temperature)
+    st.add("entropy", (ent.detach() * mb.w).sum())
+    return losses.cross_entropy_loss(logp, mb.w, aggregation=mb.aggregation, norm=mb.norm)
+
+
+def _value(mb: MicroBatch, body: ForwardBackwardRequest, st: CallStats) -> torch.Tensor:
+    cfg = body.value
+    v = mb.values()  # [B, T]
+    returns = mb.field("returns")
+    old_v = mb.field("old_values") if cfg.clip is not None else None
+    loss, clipped = losses.value_loss(
+        v,
+        returns,
+        old_v,
+        mb.w,
+        kind=cfg.loss,
+        huber_delta=cfg.huber_delta,
+        clip=cfg.clip,
+        aggregation=mb.aggregation,
+        norm=mb.norm,
+    )
+    v, w = v.detach(), mb.w
+    st.add("value_mean", (v * w).sum())
+    st.add("return_mean", (returns * w).sum())
+    st.add("return_sq", (returns**2 * w).sum())
+    st.add("residual", ((returns - v) * w).sum())
+    st.add("residual_sq", ((returns - v) ** 2 * w).sum())
+    st.add("clipfrac", (clipped.float() * w).sum())
+    return loss
+
+
+def _value_summary(stats: dict[str, float]) -> None:
+    """Weighted means of squares -> the variances and explained variance they give."""
+    mean_r = stats["return_mean"]
+    var_r = stats.pop("return_sq") - mean_r**2
+    mean_res = stats.pop("residual")
+    var_res = stats.pop("residual_sq") - mean_res**2
+    stats["return_var"] = var_r
+    stats["residual_var"] = var_res
+    stats["explained_variance"] = 1.0 - var_res / var_r if var_r > 1e-12 else 0.0
+
+
+@dataclass(frozen=True)
+class Loss:
+    trains: Literal["policy", "critic"]  # the adapter kind it trains
+    fields: Callable[[ForwardBackwardRequest], list[str]]  # the Datum fields it needs
+    # one micro-batch's share of the call's loss (with grad); adds its weighted sums to the stats
+    micro_batch: Callable[[MicroBatch, ForwardBackwardRequest, CallStats], torch.Tensor]
+    summary: Callable[[dict[str, float]], None] | None = None  # turns the stats' means into figures
+
+
+LOSSES: dict[str, Loss] = {
+    "ppo": Loss("policy", lambda body: ["old_logprobs", "advantages"], _ppo),
+    "importance_sampling": Loss("policy", lambda body: ["old_logprobs", "advantages"], _importance_sampling),
+    "cross_entropy": Loss("policy", lambda body: [], _cross_entropy),
+    "value": Loss(
+        "critic",
+        lambda body: ["returns"] + (["old_values"] if body.value.clip is not None else []),
+        _value,
+        _value_summary,
+    ),
+}
+
+
+def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
+    adapter = registry.get_adapter(body.adapter)
+    base = adapter.base
+    loss = LOSSES[body.loss]
+    if adapter.kind != loss.trains:
+        raise BadRequest(
+            f"loss: {body.loss!r} needs a {loss.trains} adapter; {adapter.name!r} is a {adapter.kind}"
+        )
+    data = body.data
+    validate_data(base, data, loss.fields(body))
+
+    # Normalisers over the whole call, so micro-batch gradients sum to the full-batch gradient.
+    all_w = [(d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data]
+    total_w = float(sum(sum(w) for w in all_w))
+    if total_w <= 0:
+        raise BadRequest("data[*].weights: no token has a positive weight")
+    agg = body.ppo.aggregation
+    norm = total_w if agg == "token-mean" else float(len(data))
+    st = CallStats()
+    total_loss = 0.0
+    groups = micro_batches(data, body.micro_batch_tokens, base, critic=loss.trains == "critic")
+    for idx in groups:
+        ids, mask = inputs(base, data, idx)
+        w = pad(base, data, idx, "weights")  # [B, T]
+        part = loss.micro_batch(MicroBatch(base, adapter, data, idx, ids, mask, w, agg, norm), body, st)
+        (part * body.loss_scale).backward()
+        total_loss += float(part.detach())
+    stats = {k: v / total_w for k, v in st.sums.items()}
+    if loss.summary is not None:
+        loss.summary(stats)
+    stats["tokens"] = float(sum(sum(1 for x in ws if x > 0) for ws in all_w))
+    stats["weight_sum"] = total_w
+    stats["micro_batches"] = float(len(groups))
+    tokens = int(sum(len(d.tokens) for d in data))
+    return ForwardBackwardResponse(loss=total_loss, stats=stats, num_data=len(data), num_tokens=tokens)
+
+
+def optim_step(registry: Registry, body: OptimStepRequest) -> OptimStepResponse:
+    adapter = registry.get_adapter(body.adapter)
+    if body.lr is not None:
+        adapter.lr = body.lr
+        for group in adapter.optimizer.param_groups:
+            group["lr"] = body.lr
+    grads = [p for p in adapter.params if p.grad is not None]
+    if grads:
+        max_norm = body.max_grad_norm if body.max_grad_norm is not None else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    else:
+        norm = 0.0
+    adapter.optimizer.step()
+    adapter.optimizer.zero_grad(set_to_none=True)
+    adapter.version += 1
+    lora_batch.bump()
+    return OptimStepResponse(adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr)

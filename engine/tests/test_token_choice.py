@@ -1,0 +1,134 @@
+"""Token choice (token_choice.choose_tokens) against hand-computed tokens and log-probs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from marft_engine.token_choice import choose_tokens, truncate
+
+P = [0.1, 0.2, 0.3, 0.4]  # the policy at temperature 1 of every row below
+LOGITS = [math.log(p) for p in P]
+
+
+def choose(temperature: float, u: float, top_k: int = 0, top_p: float = 1.0) -> tuple[int, float, float]:
+    """One row: (token, logprob, sampler logprob)."""
+    c = choose_tokens(
+        torch.tensor([LOGITS]),
+        torch.tensor([temperature]),
+        torch.tensor([top_k]),
+        torch.tensor([top_p]),
+        torch.tensor([u], dtype=torch.float64),
+    )
+    return int(c.tokens[0]), float(c.logprobs[0]), float(c.sampler_logprobs[0])
+
+
+def test_full_vocabulary_is_the_inverse_cdf_in_vocabulary_order() -> None:
+    # CDF [0.1, 0.3, 0.6, 1.0]: the first token whose CDF exceeds u
+    for u, token in ((0.0, 0), (0.05, 0), (0.25, 1), (0.31, 2), (0.59, 2), (0.95, 3)):
+        t, lp, slp = choose(1.0, u)
+        assert t == token, u
+        assert lp == pytest.approx(math.log(P[token]), abs=1e-6)
+        assert slp == lp  # the sampler is the policy itself
+
+
+def test_temperature_sharpens_the_policy_and_its_logprobs() -> None:
+    # T = 0.5: p^2 / sum(p^2) = [1, 4, 9, 16] / 30, CDF [1/30, 5/30, 14/30, 1]
+    t, lp, slp = choose(0.5, 0.2)
+    assert t == 2 and lp == pytest.approx(math.log(9 / 30), abs=1e-6) and slp == lp
+    assert choose(0.5, 14 / 30 + 1e-6)[0] == 3
+    assert choose(0.5, 1 / 30 - 1e-6)[0] == 0
+
+
+def test_greedy_takes_the_argmax_with_logprobs_at_temperature_one() -> None:
+    t, lp, slp = choose(0.0, 0.99)  # the uniform is ignored
+    assert t == 3 and lp == pytest.approx(math.log(0.4), abs=1e-6) and slp == 0.0
+
+
+def test_top_k_renormalises_the_kept_tokens() -> None:
+    # top-2 keeps tokens 3 (0.4) and 2 (0.3): [0, 0, 3/7, 4/7], CDF in vocabulary order [0, 0, 3/7, 1]
+    for u, token in ((0.0, 2), (0.4, 2), (0.43, 3), (0.99, 3)):
+        t, lp, slp = choose(1.0, u, top_k=2)
+        assert t == token, u
+        assert lp == pytest.approx(math.log(P[token]), abs=1e-6)  # the tempered policy's, untruncated
+        assert slp == pytest.approx(math.log({2: 3 / 7, 3: 4 / 7}[token]), abs=1e-6)
+    assert choose(1.0, 0.4, top_k=9)[:2] == choose(1.0, 0.4)[:2]  # k beyond the vocabulary: all of it
+    # without top-p every top-k token stays, however small: here the mass above the third token
+    # rounds to the whole top-k's mass in fp32, which a top-p test at top_p = 1 would cut
+    tiny = truncate(
+        torch.tensor([[0.0, 0.0, -20.0, -30.0]]).log_softmax(-1), torch.tensor([3]), torch.tensor([1.0])
+    )
+    assert torch.isfinite(tiny[0, :3]).all() and tiny[0, 3] == float("-inf")
+
+
+def test_top_p_keeps_the_most_likely_tokens_holding_that_mass() -> None:
+    # sorted 0.4, 0.3, 0.2, 0.1: mass strictly above each 0, 0.4, 0.7, 0.9
+    t, _, slp = choose(1.0, 0.99, top_p=0.5)  # 0.4 < 0.5 <= 0.7: tokens 3 and 2
+    assert t == 3 and slp == pytest.approx(math.log(4 / 7), abs=1e-6)
+    assert choose(1.0, 0.0, top_p=0.5)[0] == 2
+    t, lp, slp = choose(1.0, 0.0, top_p=0.35)  # only the most likely token
+    assert t == 3 and lp == pytest.approx(math.log(0.4), abs=1e-6) and slp == pytest.approx(0.0, abs=1e-6)
+    # with top-k, top_p is a share of the top-k's mass: top-2 holds 0.7, 0.55 of it is 0.385 < 0.4
+    assert choose(1.0, 0.0, top_k=2, top_p=0.55)[0] == 3
+    assert choose(1.0, 0.0, top_p=0.55)[0] == 2  # without top-k 0.55 of 1 takes tokens 3 and 2
+    # the same next to a row that keeps more tokens (the batch's topk is wider than this row's k)
+    two = truncate(torch.tensor([LOGITS, LOGITS]), torch.tensor([2, 0]), torch.tensor([0.55, 0.8]))
+    assert torch.isfinite(two).tolist() == [[False, False, False, True], [False, True, True, True]]
+
+
+def test_a_batch_gives_each_row_what_it_gets_alone() -> None:
+    rows = [
+        (1.0, 0.25, 0, 1.0),
+        (0.5, 0.2, 0, 1.0),
+        (0.0, 0.7, 0, 1.0),
+        (1.0, 0.4, 2, 1.0),
+        (1.0, 0.0, 2, 0.55),
+    ]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(rows), 50, generator=g) * 3  # [B, V]
+    c = choose_tokens(
+        logits,
+        torch.tensor([r[0] for r in rows]),
+        torch.tensor([r[2] for r in rows]),
+        torch.tensor([r[3] for r in rows]),
+        torch.tensor([r[1] for r in rows], dtype=torch.float64),
+    )
+    for i, (temperature, u, k, p) in enumerate(rows):
+        alone = choose_tokens(
+            logits[i : i + 1],
+            torch.tensor([temperature]),
+            torch.tensor([k]),
+            torch.tensor([p]),
+            torch.tensor([u], dtype=torch.float64),
+        )
+        assert int(alone.tokens[0]) == int(c.tokens[i])
+        assert float(alone.logprobs[0]) == float(c.logprobs[i])
+        assert float(alone.sampler_logprobs[0]) == float(c.sampler_logprobs[i])
+
+
+def test_truncated_sampling_follows_the_truncated_distribution() -> None:
+    """20000 draws of one top-k / top-p row against its renormalised distribution: every kept token
+    within 4.5 standard errors, and no other token drawn."""
+    g = torch.Generator().manual_seed(1)
+    n, V = 20000, 12
+    logits = (torch.randn(V, generator=g) * 2).expand(n, V)  # [n, V] the same row n times
+    p = torch.softmax(logits[0] / 0.7, -1).double()  # [V]
+    top = p.argsort(descending=True)[:5]  # top-k 5, then top-p 0.8 of their mass
+    keep = top[: int((p[top].cumsum(0) - p[top] < 0.8 * p[top].sum()).sum())]
+    assert 2 <= len(keep) < 5  # top-p really cuts into the top-k, so the test means something
+    want = torch.zeros(V, dtype=torch.float64)
+    want[keep] = p[keep] / p[keep].sum()
+    c = choose_tokens(
+        logits.contiguous(),
+        torch.full((n,), 0.7),
+        torch.full((n,), 5),
+        torch.full((n,), 0.8),
+        torch.rand(n, generator=g, dtype=torch.float64),
+    )
+    got = torch.bincount(c.tokens, minlength=V).double() / n
+    assert got[want == 0].sum() == 0
+    se = (want * (1 - want) / n).sqrt()
+    assert ((got - want).abs() <= 4.5 * se).all(), (got, want)
+    assert torch.allclose(c.sampler_logprobs.double().exp(), want[c.tokens], atol=1e-5)
