@@ -53,8 +53,9 @@ class BaseCreate(Strict):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: also on CPU, where "
-        "forward and training passes run under bf16 autocast (fast with AVX512_BF16 or AMX) and "
-        "sampling stays fp32. LoRA weights and optimizer state stay fp32.",
+        "every pass runs under bf16 autocast (fast with AVX512_BF16 or AMX), with linear weights "
+        "stored bf16 and decode attention over an fp32 KV cache. LoRA weights and optimizer state "
+        "stay fp32.",
     )
     seed: int = Field(0, description="Seed for random-init (tiny:) bases.")
 

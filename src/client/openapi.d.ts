@@ -256,7 +256,7 @@ export interface components {
         BaseCreate: {
             /**
              * Dtype
-             * @description auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: also on CPU, where forward and training passes run under bf16 autocast (fast with AVX512_BF16 or AMX) and sampling stays fp32. LoRA weights and optimizer state stay fp32.
+             * @description auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: also on CPU, where every pass runs under bf16 autocast (fast with AVX512_BF16 or AMX), with linear weights stored bf16 and decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.
              * @default auto
              * @enum {string}
              */

@@ -238,7 +238,7 @@ const Ppo = z
       .union([z.literal("auto"), z.boolean({ error: 'expected true, false or "auto"' })])
       .default("auto")
       .describe(
-        "take PPO's old log-probs from a forward pass instead of the sampler; auto: when the agent's base computes in bf16 (sampler and trainer then differ by about 0.03 per token)",
+        "take PPO's old log-probs from a forward pass instead of the sampler; auto: when the agent's base computes in bf16 (the sampler's incremental decode and a full forward pass then differ)",
       ),
   })
   .describe("the PPO update");
