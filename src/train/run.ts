@@ -214,7 +214,9 @@ export async function train(opts: TrainOptions): Promise<Summary> {
     summary.engineRestarts = restarts;
     summary.tokensSampled = trainer.tokensSampled;
     summary.wallSeconds = (performance.now() - t0) / 1000;
-    const rewards = run.readMetrics().flatMap((r) => (r["reward/mean"] === undefined ? [] : [r["reward/mean"]]));
+    const rewards = run
+      .readMetrics()
+      .flatMap((r) => (r["reward/mean"] === undefined ? [] : [r["reward/mean"]]));
     summary.firstRewards = rewards.slice(0, 3);
     summary.lastRewards = rewards.slice(-3);
     writeFileAtomic(run.summaryPath, `${JSON.stringify(summary, null, 2)}\n`);
