@@ -284,6 +284,10 @@ const Train = z
       .describe(
         "episodes per iteration written to transcripts.jsonl with per-token advantages and log-probs, for the dashboard (0: none)",
       ),
+    tensorboard: z
+      .boolean({ error: "expected true or false" })
+      .default(false)
+      .describe("also write the metrics as TensorBoard event files under runs/<name>/tensorboard/"),
   })
   .describe("the schedule of the run");
 
