@@ -170,7 +170,13 @@ class Chart {
         title: this.spec.title,
         width,
         height: 200,
-        scales: { x: { time: false } },
+        scales: {
+          x: { time: false },
+          // a flat line (all zeros, one point) would otherwise get a 0..100 axis
+          y: {
+            range: (_u, lo, hi) => (hi - lo < 1e-12 ? [lo - 1, hi + 1] : uPlot.rangeNum(lo, hi, 0.1, true)),
+          },
+        },
         // iterations are whole numbers: no ticks between them
         axes: [
           {

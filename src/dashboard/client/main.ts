@@ -40,6 +40,7 @@ class App {
   private page: RunPage | undefined;
   private readonly nav = h("nav", { class: "sidebar" });
   private readonly main = h("main", { class: "main" });
+  private readonly column = h("div", { class: "column" }, this.main);
   private readonly status = h("span", { class: "status" });
   private started = false;
 
@@ -51,7 +52,7 @@ class App {
   async start(root: HTMLElement): Promise<void> {
     root.replaceChildren(
       h("header", { class: "top" }, h("b", {}, "MARFT"), " dashboard ", this.status),
-      h("div", { class: "layout" }, this.nav, this.main),
+      h("div", { class: "layout" }, this.nav, this.column),
     );
     if (this.data) {
       const omitted = this.data.transcriptsOmitted;
@@ -60,7 +61,12 @@ class App {
         (omitted
           ? ` · the transcripts of ${omitted} iterations are left out (see the run's transcripts.jsonl)`
           : "");
-      if (this.data.extras) this.main.before(extrasView(this.data.extras));
+      if (this.data.extras) {
+        // a report's summary and bars above the runs, its held-out transcripts below them
+        const { top, bottom } = extrasView(this.data.extras);
+        this.main.before(top);
+        if (bottom) this.main.after(bottom);
+      }
     }
     window.addEventListener("hashchange", () => void this.show(parseHash()));
     this.source.watch(

@@ -148,9 +148,9 @@ export class RunPage {
   }
 }
 
-/** What a report adds above the runs: its summary, accuracy bars and held-out transcripts. */
-export function extrasView(x: ReportExtras): HTMLElement {
-  return h(
+/** What a report adds to the runs: its summary and accuracy bars (top), its held-out transcripts (bottom). */
+export function extrasView(x: ReportExtras): { top: HTMLElement; bottom?: HTMLElement } {
+  const top = h(
     "section",
     { class: "extras" },
     h("h1", {}, x.title),
@@ -164,45 +164,38 @@ export function extrasView(x: ReportExtras): HTMLElement {
       ),
     ),
     x.bars ? barChart(x.bars.title, x.bars.bars, "accuracy") : null,
-    x.comparison
-      ? h(
-          "div",
-          {},
-          h("h2", {}, x.comparison.title),
-          h(
-            "table",
-            { class: "table side-by-side" },
-            h(
-              "thead",
-              {},
-              h(
-                "tr",
-                {},
-                x.comparison.columns.map((c) => h("th", {}, c)),
-              ),
-            ),
-            h(
-              "tbody",
-              {},
-              x.comparison.rows.map((row) =>
-                h(
-                  "tr",
-                  {},
-                  row.map((cell) =>
-                    h(
-                      "td",
-                      {},
-                      cell.messages.map((m) =>
-                        h("div", { class: "msg" }, h("b", {}, m.role), " ", visible(m.content)),
-                      ),
-                      h("p", { class: cell.correct ? "ok" : "bad" }, cell.correct ? "correct" : "wrong"),
-                    ),
-                  ),
-                ),
-              ),
-            ),
-          ),
-        )
-      : null,
   );
+  const c = x.comparison;
+  if (!c) return { top };
+  const cell = (m: { messages: Array<{ role: string; content: string }>; correct: boolean }) =>
+    h(
+      "td",
+      {},
+      m.messages.map((msg) => h("div", { class: "msg" }, h("b", {}, msg.role), " ", visible(msg.content))),
+      h("p", { class: m.correct ? "ok" : "bad" }, m.correct ? "correct" : "wrong"),
+    );
+  const bottom = h(
+    "section",
+    { class: "extras" },
+    h("h2", {}, c.title),
+    h(
+      "table",
+      { class: "table side-by-side" },
+      h(
+        "thead",
+        {},
+        h(
+          "tr",
+          {},
+          c.columns.map((col) => h("th", {}, col)),
+        ),
+      ),
+      h(
+        "tbody",
+        {},
+        c.rows.map((row) => h("tr", {}, row.map(cell))),
+      ),
+    ),
+  );
+  return { top, bottom };
 }
