@@ -10,6 +10,7 @@ import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type EngineHandle, type Summary, train } from "../train/run.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
+import { writeRunReport } from "./report.ts";
 
 const USAGE = `usage: marft train <config.yaml> [options]
        marft train --resume runs/<name> [options]
@@ -176,8 +177,6 @@ export async function trainCommand(args: string[]): Promise<void> {
     const { RunDir } = await import("../train/rundir.ts");
     process.stdout.write(`\n${summaryTable(summary, new RunDir(runDir).readMetrics() as MetricsRow[])}`);
     process.stdout.write(`run directory: ${runDir}\n`);
-    // loaded here, not at start: the report's page bundler is not needed until the run is over
-    const { writeRunReport } = await import("./report.ts");
     process.stdout.write(`report: ${writeRunReport(runDir)} (live: marft dashboard ${dirname(runDir)})\n`);
     if (summary.stoppedEarly)
       process.stdout.write(`stopped early; continue with: marft train --resume ${runDir}\n`);
