@@ -32,6 +32,7 @@ $(VENV_STAMP): engine/requirements.txt engine/pyproject.toml
 
 lint: setup
 	npx tsc --noEmit -p .
+	npx tsc --noEmit -p src/dashboard/client
 	npx biome check src tests bench bin
 	$(VENV)/bin/ruff check engine bench
 	$(VENV)/bin/ruff format --check engine bench
@@ -50,7 +51,14 @@ check-openapi: setup
 test-py: setup
 	cd engine && ../$(VENV)/bin/pytest -q tests
 
-test-ts: setup
+# The dashboard's browser test drives Debian's Chromium through playwright-core (Playwright's own
+# browser downloads are not reachable here); installed only when missing.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+test-ts: setup $(CHROMIUM)
 	npx vitest run
 
 test: setup lint check-openapi test-py test-ts

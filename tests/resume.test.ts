@@ -1,5 +1,6 @@
 // Resume: a run killed with SIGKILL after its first checkpoint and resumed with --resume writes the
-// same metrics.jsonl as an uninterrupted run with the same seed (ignoring time/* and throughput/*).
+// same metrics.jsonl as an uninterrupted run with the same seed (ignoring time/* and throughput/*),
+// and the same transcripts.jsonl.
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -42,6 +43,8 @@ function finish(
   return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal, out })));
 }
 
+const transcripts = (dir: string) => readFileSync(new RunDir(dir).transcriptsPath, "utf8");
+
 const comparable = (rows: Array<Record<string, unknown>>) =>
   rows.map((r) =>
     Object.fromEntries(
@@ -82,23 +85,30 @@ describe("resume and recovery reproduce the uninterrupted run", () => {
   it("after SIGKILL, --resume reproduces the uninterrupted run's metrics exactly", async () => {
     const killed = join(tmp, "killed");
 
-    const child = marft(["train", config, "--run-dir", killed, "--quiet", ...SETS]);
+    // checkpoints every 2 iterations (the metrics do not depend on it), killed after the third
+    // iteration: resume must drop that iteration's lines and write them again
+    const every2 = ["--set", "train.checkpointEvery=2"];
+    const child = marft(["train", config, "--run-dir", killed, "--quiet", ...SETS, ...every2]);
     const done = finish(child);
-    await when(child, () => latestIs(killed, "iter_2"), "its second checkpoint");
+    const third = () => latestIs(killed, "iter_2") && new RunDir(killed).metricsLineCount() >= 3;
+    await when(child, third, "its third iteration");
     child.kill("SIGKILL");
     const k = await done;
     expect(k.signal).toBe("SIGKILL");
-    expect(new RunDir(killed).latestCheckpoint()!.state.iteration).toBeGreaterThanOrEqual(2);
-    expect(new RunDir(killed).latestCheckpoint()!.state.iteration).toBeLessThan(4);
+    expect(new RunDir(killed).latestCheckpoint()!.state.iteration).toBe(2);
+    expect(new RunDir(killed).metricsLineCount()).toBeGreaterThanOrEqual(3);
 
     const b = await finish(marft(["train", "--resume", killed, "--quiet"]));
     expect(b.code, b.out).toBe(0);
-    expect(b.out).toMatch(/resuming .* from iteration [23]/);
+    expect(b.out).toMatch(/resuming .* from iteration 2/);
 
     const ra = new RunDir(whole).readMetrics();
     const rb = new RunDir(killed).readMetrics();
     expect(rb).toHaveLength(4);
     expect(comparable(rb)).toEqual(comparable(ra));
+    // truncated to the checkpoint like metrics.jsonl, the replayed iterations written again, exactly
+    expect(transcripts(killed).split("\n").length).toBeGreaterThan(4);
+    expect(transcripts(killed)).toBe(transcripts(whole));
     const sa = JSON.parse(readFileSync(new RunDir(whole).summaryPath, "utf8"));
     const sb = JSON.parse(readFileSync(new RunDir(killed).summaryPath, "utf8"));
     expect(sb.eval.after).toEqual(sa.eval.after);
@@ -121,6 +131,7 @@ describe("resume and recovery reproduce the uninterrupted run", () => {
     expect(r.out).toMatch(/the engine died during iteration \d+ .*; restarting it/);
     expect(r.out).toMatch(/continuing from the checkpoint at iteration \d+/);
     expect(comparable(new RunDir(dir).readMetrics())).toEqual(comparable(new RunDir(whole).readMetrics()));
+    expect(transcripts(dir)).toBe(transcripts(whole));
   });
 
   it("Ctrl-C saves a checkpoint and exits cleanly; --resume finishes the run", async () => {

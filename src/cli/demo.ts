@@ -18,6 +18,7 @@ import type { MetricsRow } from "../train/phases.ts";
 import { type Summary, train } from "../train/run.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { renderReport } from "./report.ts";
+import type { ReportExtras } from "../dashboard/api.ts";
 import { engineConnector } from "./train.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
@@ -73,6 +74,50 @@ async function runJob(
     before: config.train.evalAtStart ? evals[0] : undefined,
     after: evals.at(-1)!,
     metrics: new RunDir(runDir).readMetrics() as MetricsRow[],
+  };
+}
+
+/** What the demo's report shows above the runs: the accuracies, the test, and held-out transcripts. */
+function demoExtras(
+  config: RunConfig,
+  summary: { significance: { paired_mcnemar_p: number; improved: number; worsened: number }; wall_s: number },
+  team: { before: EvalResult; after: EvalResult },
+  baseline: EvalResult | undefined,
+): ReportExtras {
+  const pct = (r: EvalResult) =>
+    `${(100 * r.accuracy).toFixed(1)}% [${(100 * r.ci95[0]).toFixed(1)}, ${(100 * r.ci95[1]).toFixed(1)}] (n=${r.n})`;
+  const bar = (name: string, r: EvalResult) => ({ name, value: r.accuracy, ci95: r.ci95 });
+  const after = new Map(team.after.problems.map((p) => [p.taskId, p]));
+  const s = summary.significance;
+  return {
+    title: `MARFT demo: ${config.agents.map((a) => a.role).join(" → ")} (${config.algo.estimator})`,
+    summary: [
+      ["model", String(Object.values(config.bases)[0]?.source)],
+      ["team before (greedy pass@1, 95% CI)", pct(team.before)],
+      ["team after", pct(team.after)],
+      [
+        "paired test (McNemar)",
+        `p = ${formatNumber(s.paired_mcnemar_p)}: ${s.improved} improved, ${s.worsened} worsened`,
+      ],
+      ...(baseline ? [["single-agent baseline after", pct(baseline)] as [string, string]] : []),
+      ["wall time", `${Math.round(summary.wall_s)} s`],
+    ],
+    bars: {
+      title: "held-out accuracy (greedy pass@1, 95% CI)",
+      bars: [
+        bar("team before", team.before),
+        bar("team after", team.after),
+        ...(baseline ? [bar("single agent after", baseline)] : []),
+      ],
+    },
+    comparison: {
+      title: "the same held-out problems before and after training (greedy)",
+      columns: ["before", "after"],
+      rows: team.before.problems
+        .filter((p) => after.has(p.taskId))
+        .slice(0, 6)
+        .map((p) => [p, after.get(p.taskId)!].map((q) => ({ messages: q.transcript, correct: q.correct }))),
+    },
   };
 }
 
@@ -176,7 +221,12 @@ export async function demoCommand(args: string[]): Promise<void> {
   writeFileAtomic(join(root, "summary.json"), `${JSON.stringify(summary, null, 2)}\n`);
   writeFileAtomic(
     join(root, "report.html"),
-    renderReport({ summary, team: { ...team, before }, baseline, config }),
+    renderReport({
+      root,
+      runs: baseline ? ["team", "baseline"] : ["team"],
+      title: "MARFT demo report",
+      extras: demoExtras(config, summary, { before, after: team.after }, baseline?.after),
+    }),
   );
 
   const pct = (r: EvalResult) =>

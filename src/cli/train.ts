@@ -10,6 +10,7 @@ import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type EngineHandle, type Summary, train } from "../train/run.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
+import { writeRunReport } from "./report.ts";
 
 const USAGE = `usage: marft train <config.yaml> [options]
        marft train --resume runs/<name> [options]
@@ -176,6 +177,7 @@ export async function trainCommand(args: string[]): Promise<void> {
     const { RunDir } = await import("../train/rundir.ts");
     process.stdout.write(`\n${summaryTable(summary, new RunDir(runDir).readMetrics() as MetricsRow[])}`);
     process.stdout.write(`run directory: ${runDir}\n`);
+    process.stdout.write(`report: ${writeRunReport(runDir)} (live: marft dashboard ${dirname(runDir)})\n`);
     if (summary.stoppedEarly)
       process.stdout.write(`stopped early; continue with: marft train --resume ${runDir}\n`);
   } catch (e) {

@@ -279,6 +279,15 @@ const Train = z
       .describe("evaluate before the first update too"),
     checkpointEvery: nonNegInt().default(0).describe("checkpoint every N iterations (0: only at the end)"),
     keepCheckpoints: posInt().default(3).describe("newest checkpoints kept on disk"),
+    transcripts: nonNegInt()
+      .default(4)
+      .describe(
+        "episodes per iteration written to transcripts.jsonl with per-token advantages and log-probs, for the dashboard (0: none)",
+      ),
+    tensorboard: z
+      .boolean({ error: "expected true or false" })
+      .default(false)
+      .describe("also write the metrics as TensorBoard event files under runs/<name>/tensorboard/"),
   })
   .describe("the schedule of the run");
 

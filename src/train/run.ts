@@ -11,6 +11,7 @@ import type { MetricsRow, ProgressEvent } from "./phases.ts";
 import { RunDir, type TrainerState, writeFileAtomic } from "./rundir.ts";
 import { setupEngine } from "./setup.ts";
 import { Trainer } from "./trainer.ts";
+import { WatchFiles } from "./watch.ts";
 
 /** A connection to an engine (a local process or a remote server) and how to let it go. */
 export interface EngineHandle {
@@ -86,6 +87,7 @@ export async function train(opts: TrainOptions): Promise<Summary> {
   const log = opts.log ?? (() => {});
   const onProgress = opts.onProgress ?? (() => {});
   const run = new RunDir(opts.runDir);
+  const watch = new WatchFiles(run, c);
   const t0 = performance.now();
   let handle = await opts.connect();
   let restarts = 0;
@@ -100,6 +102,7 @@ export async function train(opts: TrainOptions): Promise<Summary> {
     }
     await client.loadCheckpoint({ path: join(ckpt.path, "engine") });
     run.truncateMetrics(ckpt.state.metricsLines);
+    watch.rewind(ckpt.state.iteration);
     return ckpt.state;
   };
 
@@ -181,6 +184,7 @@ export async function train(opts: TrainOptions): Promise<Summary> {
         else {
           log("no checkpoint yet: starting over from iteration 0");
           run.truncateMetrics(0);
+          watch.rewind(0);
         }
         const tokens = trainer.tokensSampled;
         trainer = new Trainer(c, opts.suite, handle.client, { state: restored, log, onProgress });
@@ -201,6 +205,7 @@ export async function train(opts: TrainOptions): Promise<Summary> {
         row["time/eval"] = (performance.now() - t) / 1000;
       }
       run.appendMetrics(row);
+      watch.iteration(iteration, row, trainer.lastBatch);
       onProgress({ kind: "iteration", iteration, total: c.train.iterations, row });
       if (c.train.checkpointEvery > 0 && iteration % c.train.checkpointEvery === 0 && !isLast) {
         const t = performance.now();

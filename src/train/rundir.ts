@@ -1,5 +1,6 @@
 // The run directory (DESIGN §6):
-//   runs/<name>/config.yaml  metrics.jsonl  engine.log  checkpoints/iter_<n>/  checkpoints/latest  summary.json
+//   runs/<name>/config.yaml  metrics.jsonl  transcripts.jsonl  engine.log  checkpoints/iter_<n>/
+//               checkpoints/latest  summary.json  report.html  tensorboard/
 // Checkpoints are written to a temporary directory and renamed into place, and `latest` is replaced
 // atomically, so a crash at any moment leaves either the old or the new checkpoint, never half of one.
 import { randomBytes } from "node:crypto";
@@ -63,6 +64,12 @@ export class RunDir {
   get metricsPath(): string {
     return join(this.root, "metrics.jsonl");
   }
+  get transcriptsPath(): string {
+    return join(this.root, "transcripts.jsonl");
+  }
+  get tensorboardDir(): string {
+    return join(this.root, "tensorboard");
+  }
   get engineLogPath(): string {
     return join(this.root, "engine.log");
   }
@@ -113,6 +120,35 @@ export class RunDir {
   truncateMetrics(n: number): void {
     const kept = this.readMetrics().slice(0, n);
     writeFileAtomic(this.metricsPath, kept.map((r) => `${JSON.stringify(r)}\n`).join(""));
+  }
+
+  /**
+   * An iteration's transcript records in one append, so a reader (or a crash) sees whole iterations
+   * and at worst a torn last line, which readers skip and truncation drops.
+   */
+  appendTranscripts<T extends { iteration: number }>(records: readonly T[]): void {
+    if (records.length === 0) return;
+    appendFileSync(this.transcriptsPath, records.map((r) => `${JSON.stringify(r)}\n`).join(""));
+  }
+
+  /** Keep the records of iterations 1..n (the ones a checkpoint vouches for); later ones are replayed. */
+  truncateTranscripts(n: number): void {
+    if (!existsSync(this.transcriptsPath)) return;
+    const lines = readFileSync(this.transcriptsPath, "utf8").split("\n");
+    lines.pop(); // "" after the last newline, or a torn line a crash left
+    const kept = lines.filter((line, i) => {
+      let iteration: unknown;
+      try {
+        iteration = (JSON.parse(line) as { iteration?: unknown }).iteration;
+      } catch {
+        // only the last line can be torn (one append per iteration); any other is a damaged file
+      }
+      if (typeof iteration !== "number") {
+        throw new Error(`${this.transcriptsPath}:${i + 1}: not a transcript record with an iteration number`);
+      }
+      return iteration <= n;
+    });
+    writeFileAtomic(this.transcriptsPath, kept.map((l) => `${l}\n`).join(""));
   }
 
   /**

@@ -17,6 +17,7 @@ import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
 import type { TrainerState } from "./rundir.ts";
 import { tasksAt, updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
+import type { TrainedBatch } from "./transcripts.ts";
 import { criticValues, type PolicyItem, recomputeLogprobs, updateCritic, updatePolicy } from "./update.ts";
 
 export interface TrainerOptions {
@@ -35,6 +36,8 @@ export class Trainer {
   private versions: Record<string, number> = {};
   private bf16Bases = new Set<string>();
   tokensSampled = 0;
+  /** The last iteration's episodes, steps and advantages as trained (for transcripts.jsonl). */
+  lastBatch: TrainedBatch | undefined;
   private readonly log: (line: string) => void;
   private readonly onProgress: (e: ProgressEvent) => void;
 
@@ -100,8 +103,9 @@ export class Trainer {
       : null;
     if (critic) this.versions[CRITIC_ADAPTER] = critic.version;
 
-    // 6. the state a checkpoint keeps, and the metrics
+    // 6. the state a checkpoint keeps, the batch for transcripts, and the metrics
     this.advance();
+    this.lastBatch = { episodes, steps, advantages };
     const ids = c.agents.map((a) => a.id);
     return {
       iteration: it + 1,
