@@ -18,6 +18,10 @@ export async function sandboxCommand(args: string[]): Promise<void> {
     return;
   }
   if (sub !== "run") return usageError(`unknown subcommand "${sub}"`);
+  if (rest.includes("--help") || rest.includes("-h")) {
+    process.stdout.write(USAGE);
+    return;
+  }
   let parsed: ReturnType<typeof parse>;
   try {
     parsed = parse(rest);
