@@ -79,6 +79,8 @@ def confine(root: Path, path: str, field: str = "path") -> Path:
     root = Path(os.path.realpath(root))
     p = Path(path)
     real = Path(os.path.realpath(p if p.is_absolute() else root / p))
+    if any(len(part.encode()) > 255 for part in real.parts) or len(str(real).encode()) >= 4096:
+        raise BadRequest(f"{field}: the path is longer than the filesystem allows")
     if real != root and root not in real.parents:
         raise Forbidden(
             f"{field}: {path!r} resolves to {str(real)!r}, outside the checkpoint root {str(root)!r}"
@@ -226,7 +228,7 @@ class _Loaded:
         self.optim: dict[str, dict[str, Any]] = {}
         for n in names:
             d = root / "adapters" / n
-            _, self.peft[n] = read_peft_dir(str(d))
+            _, self.peft[n] = read_peft_dir(str(d), "path")
             if manifest.adapters[n].kind == "critic":
                 self.heads[n] = load_file(d / "value_head.safetensors")
             if manifest.format == 1:

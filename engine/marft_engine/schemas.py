@@ -29,7 +29,7 @@ Conventions
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,7 +65,7 @@ class BaseCreate(Strict):
         "bfloat16 on a CPU: every pass runs under bf16 autocast, with linear weights stored bf16 and "
         "decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.",
     )
-    seed: int = Field(0, description="Seed for random-init (tiny:) bases.")
+    seed: int = Field(0, ge=-(2**63), lt=2**63, description="Seed for random-init (tiny:) bases.")
 
 
 class BaseInfo(Answer):
@@ -95,7 +95,7 @@ class LoraConfig(Strict):
 
 class OptimizerConfig(Strict):
     lr: float = Field(1e-5, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
 
@@ -106,12 +106,13 @@ class AdapterCreate(Strict):
     kind: Literal["policy", "critic"] = "policy"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    value_head_hidden: list[int] = Field(
+    value_head_hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=list,
+        max_length=8,
         description="critic only: hidden sizes of the MLP value head (empty = linear head)",
     )
     init_from: str | None = Field(None, description="a PEFT adapter directory to load the weights from")
-    seed: int = 0
+    seed: int = Field(0, ge=-(2**63), lt=2**63)
 
 
 class AdapterInfo(Answer):

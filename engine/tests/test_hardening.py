@@ -166,7 +166,8 @@ def test_a_damaged_manifest_is_a_400(client: TestClient, root: Path) -> None:
     (ck / "manifest.json").write_text(json.dumps(good))
     (ck / "adapters" / "p" / "adapter_model.safetensors").write_bytes(b"garbage")
     r = client.post("/v1/checkpoint/load", json={"path": str(ck)})
-    assert r.status_code == 400 and "cannot read the checkpoint" in r.json()["message"], r.text
+    assert r.status_code == 400 and "is not a readable PEFT folder" in r.json()["message"], r.text
+    assert r.json()["message"].startswith("path:"), r.text
 
 
 @pytest.mark.parametrize(
@@ -251,3 +252,64 @@ def test_test_delays_parse() -> None:
         parse("sample=soon")
     with pytest.raises(SystemExit, match="expected name=SECONDS"):
         parse("sample=1:forever")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"),
+    [  # each of these was a 500 (found by probing what the fuzzer reaches)
+        (
+            "/v1/adapters",
+            {"name": "q1", "base": "b", "optimizer": {"betas": [2, 0.9]}},
+            422,
+            "optimizer.betas[0]",
+        ),
+        (
+            "/v1/adapters",
+            {"name": "q2", "base": "b", "kind": "critic", "value_head_hidden": [-1]},
+            422,
+            "value_head_hidden[0]",
+        ),
+        ("/v1/adapters", {"name": "q3", "base": "b", "seed": 2**70}, 422, "seed: input should be less than"),
+        (
+            "/v1/bases",
+            {"name": "c", "source": "tiny:llama", "seed": 2**70},
+            422,
+            "seed: input should be less than",
+        ),
+        (
+            "/v1/checkpoint/save",
+            {"path": "x" * 300},
+            400,
+            "path: the path is longer than the filesystem allows",
+        ),
+        (
+            "/v1/checkpoint/load",
+            {"path": "a/" * 3000},
+            400,
+            "path: the path is longer than the filesystem allows",
+        ),
+    ],
+)
+def test_malformed_input_is_a_4xx_naming_the_field(
+    client: TestClient, path: str, body: dict, status: int, needle: str
+) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["message"], r.json()
+    assert client.get("/v1/health").is_success
+
+
+@pytest.mark.parametrize(
+    ("config", "weights"),
+    [('{"r": 2', b"x"), ('{"r": "eight"}', b"x"), ('{"r": 2}', b"not safetensors"), ("[]", b"x")],
+)
+def test_a_broken_peft_folder_is_a_400(
+    client: TestClient, tmp_path: Path, config: str, weights: bytes
+) -> None:
+    (tmp_path / "adapter_config.json").write_text(config)
+    (tmp_path / "adapter_model.safetensors").write_bytes(weights)
+    r = client.post("/v1/adapters", json={"name": "broken", "base": "b", "init_from": str(tmp_path)})
+    assert r.status_code == 400, r.text
+    assert r.json()["message"].startswith(f"init_from: {str(tmp_path)!r} is not a readable PEFT folder"), (
+        r.text
+    )
