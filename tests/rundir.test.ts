@@ -28,6 +28,14 @@ describe("metrics.jsonl after a crash", () => {
     expect(() => run.truncateMetrics(3)).toThrow(/1 lines, but the checkpoint vouches for 3/);
   });
 
+  it("a non-finite metric is left out of its line, which stays readable", () => {
+    const run = fresh();
+    run.create();
+    run.appendMetrics({ "reward/mean": 0.5, "value/explained_variance": Number.NaN, "x/y": Infinity });
+    expect(readFileSync(run.metricsPath, "utf8")).toBe('{"reward/mean":0.5}\n');
+    expect(run.readMetrics()).toEqual([{ "reward/mean": 0.5 }]);
+  });
+
   it("removes temporary checkpoint directories and the temporary files of atomic writes", () => {
     const run = fresh();
     run.create();

@@ -87,8 +87,14 @@ export class RunDir {
     mkdirSync(this.checkpointsDir, { recursive: true });
   }
 
+  /**
+   * One line per iteration. A non-finite value (the mean of nothing, say) is left out of the line,
+   * as metrics that do not apply to an iteration are: JSON would write it as null, and a line of
+   * metrics.jsonl that is not all numbers stops every later reader, resume among them.
+   */
   appendMetrics(row: MetricsRow): void {
-    appendFileSync(this.metricsPath, `${JSON.stringify(row)}\n`);
+    const finite = Object.fromEntries(Object.entries(row).filter(([, v]) => Number.isFinite(v)));
+    appendFileSync(this.metricsPath, `${JSON.stringify(finite)}\n`);
   }
 
   /**
