@@ -5,9 +5,12 @@
 //   ├─ ConfigError         the user's run config (or a CLI flag) is wrong: fix it and run again
 //   ├─ EnvContractError    a task environment broke the Env contract (src/flexmg/types.ts)
 //   ├─ DataError           a dataset file is unreadable or malformed (names the file and line)
-//   └─ EngineError         the compute engine (src/client)
-//      ├─ EngineUnreachableError  no answer: not running, connection lost, timed out
-//      └─ EngineRefusedError      it answered with an error (4xx: the request was wrong; 5xx: it failed)
+//   ├─ EngineError         the compute engine (src/client)
+//   │  ├─ EngineUnreachableError  no answer: not running, connection lost, a probe's time limit
+//   │  ├─ EngineStalledError      it is there but made no progress for the stall limit
+//   │  └─ EngineRefusedError      it answered with an error (4xx: the request was wrong; 5xx: it failed)
+//   ├─ RunLockedError      another trainer holds the run directory
+//   └─ RunStoppedError     a training run stopped on an error: the cause, its last checkpoint, how to resume
 //
 // Recovery follows the class: the trainer restarts an engine only after an EngineUnreachableError
 // that a health check confirms; a refusal or a config, env or data error ends the run with its message.
@@ -73,7 +76,59 @@ export class EngineUnreachableError extends EngineError {
   }
 }
 
+/**
+ * The engine is there but made no progress for the stall limit while a call waited: no call or
+ * decode step finished and its compute thread used no CPU time (or it stopped answering at all).
+ */
+export class EngineStalledError extends EngineError {
+  override name = "EngineStalledError";
+  constructor(
+    endpoint: string,
+    /** How long the engine showed no progress while this call waited. */
+    readonly stalledSeconds: number,
+    /** The limit (engine.stallSeconds). */
+    readonly limitSeconds: number,
+    /** Whether it still answered /v1/health, in words. */
+    answered: string,
+  ) {
+    super(
+      0,
+      "stalled",
+      `the engine made no progress for ${stalledSeconds.toFixed(1)} s while this call waited ` +
+        `(no call or decode step finished and its compute thread used no CPU time; ${answered}; ` +
+        `the limit is engine.stallSeconds = ${limitSeconds})`,
+      endpoint,
+    );
+  }
+}
+
 /** The engine answered with an error status: the request was wrong (4xx) or the engine failed (5xx). */
 export class EngineRefusedError extends EngineError {
   override name = "EngineRefusedError";
+}
+
+/** Another trainer holds the run directory (its lock file names the process). */
+export class RunLockedError extends MarftError {
+  override name = "RunLockedError";
+}
+
+/**
+ * A training run that stopped on an error after it started: the cause, then the last complete
+ * checkpoint and the command that continues from it.
+ */
+export class RunStoppedError extends MarftError {
+  override name = "RunStoppedError";
+  constructor(
+    readonly reason: Error,
+    readonly runDir: string,
+    readonly checkpoint: { path: string; iteration: number } | undefined,
+  ) {
+    super(
+      `${reason.message}\n` +
+        (checkpoint
+          ? `  last checkpoint: ${checkpoint.path} (iteration ${checkpoint.iteration})\n`
+          : "  no checkpoint yet: a resume starts the run from the beginning\n") +
+        `  continue with: marft train --resume ${runDir}`,
+    );
+  }
 }

@@ -1,6 +1,6 @@
 // The train / eval / engine commands as a user runs them: `node bin/marft.mjs ...`.
 import { spawn, spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -41,6 +41,61 @@ describe("config errors", () => {
     const bench = marft(["bench", "--episodes=0"]);
     expect(bench.status).not.toBe(0);
     expect(bench.stderr).toContain('--episodes: expected a positive integer, got "0"');
+  });
+});
+
+describe("every subcommand answers --help with its usage", () => {
+  const commands = [
+    ["train"],
+    ["eval"],
+    ["demo"],
+    ["bench"],
+    ["engine"],
+    ["engine", "serve"],
+    ["grade"],
+    ["grade", "math"],
+    ["sandbox"],
+    ["sandbox", "run"],
+  ];
+  it.each(commands)("marft %s ... --help", (...cmd) => {
+    for (const flag of ["--help", "-h"]) {
+      const r = marft([...cmd, flag]);
+      expect(r.status, r.stderr).toBe(0);
+      expect(r.stdout).toMatch(new RegExp(`^usage: marft ${cmd[0]}`));
+      expect(r.stderr).toBe("");
+    }
+  });
+  it("an unknown option is a usage error, not a stack trace", () => {
+    for (const cmd of [["demo"], ["bench"], ["train", CONFIG]]) {
+      const r = marft([...cmd, "--bogus"]);
+      expect(r.status).toBe(2);
+      expect(r.stderr).toMatch(/--bogus/);
+      expect(r.stderr).toContain(`usage: marft ${cmd[0]}`);
+      expect(r.stderr).not.toContain("    at ");
+    }
+  });
+});
+
+describe("config errors are caught before an engine starts or a run directory is made", () => {
+  it.each([
+    [
+      "a cycle",
+      'graph={"kind": "edges", "edges": [["speaker", "listener"], ["listener", "speaker"]]}',
+      "  graph.edges: the graph has a cycle speaker -> listener -> speaker; an agent cannot see an action that depends on its own",
+    ],
+    [
+      "a missing base directory",
+      "bases.tiny.source=hf:/nonexistent/model",
+      "  bases.tiny.source: hf:/nonexistent/model: no such directory /nonexistent/model",
+    ],
+  ])("%s", (_what, set, line) => {
+    const dir = join(mkdtempSync(join(tmpdir(), "marft-early-")), "run");
+    const t0 = Date.now();
+    const r = marft(["train", CONFIG, "--run-dir", dir, "--set", set]);
+    expect(r.status, r.stderr).toBe(2);
+    expect(r.stderr).toBe(`${CONFIG}: invalid run config\n${line}\n`);
+    expect(existsSync(dir)).toBe(false);
+    expect(Date.now() - t0).toBeLessThan(30_000); // no engine was started
   });
 });
 

@@ -305,6 +305,31 @@ describe("rollout against a real engine", () => {
     expect(episodes.map((e) => e.turns.map((t) => t.reward))).toEqual(episodes.map(() => [0.25, 0]));
   });
 
+  it("256 concurrent episodes of a tiny team finish, with bounded memory and no deadlock", async () => {
+    const many = secretSuite({ trainSize: 64 });
+    const opts = secretOpts({
+      makeEnv: () => many.makeEnv(duo, { kind: "sequential" }) as never,
+      tasks: many.train,
+      taskId: (t) => many.taskId(t as never),
+      samplesPerTask: 4,
+      maxConcurrentEpisodes: 256,
+      deterministic: false,
+    });
+    const rss = async () => (await eng.client.stats()).rss_bytes;
+    const first = await rollout(opts);
+    expect(first.episodes).toHaveLength(256);
+    expect(first.episodes.every((e) => e.turns.length === 2)).toBe(true);
+    const [engineAfterOne, heapAfterOne] = [await rss(), process.memoryUsage().heapUsed];
+    // a second round of 256 must not grow the engine (the decode batch is capped, finished rows
+    // leave it) nor this process beyond what the episodes themselves hold
+    const second = await rollout({ ...opts, seed: 12 });
+    expect(second.episodes).toHaveLength(256);
+    expect(second.stats.meanDecodeBatch).toBeGreaterThan(8); // they really ran concurrently
+    expect((await rss()) - engineAfterOne).toBeLessThan(64 * 2 ** 20);
+    expect(await rss()).toBeLessThan(2 ** 30);
+    expect(process.memoryUsage().heapUsed - heapAfterOne).toBeLessThan(128 * 2 ** 20);
+  }, 240_000);
+
   it("rejects a team without sampling profiles", async () => {
     await expect(rollout(secretOpts({ profiles: { speaker: profiles["speaker"]! } }))).rejects.toThrow(
       "rollout.profiles: no sampling profile for agent(s) listener",

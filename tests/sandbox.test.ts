@@ -111,6 +111,64 @@ describe("classic escapes are contained", () => {
     expect(r.status).toBe("memory"); // not "timeout": it failed fast
   });
 
+  // 8 children of 100 MB each under a 256 MB limit: per-process RLIMIT_AS let them all live (1.6 GiB
+  // for 8 children of 200 MB was measured); the limit holds for the program and its children together.
+  const EIGHT_CHILDREN = `
+import os, time
+kids = []
+for i in range(8):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(100 * 1024 * 1024)  # zero-filled: every page touched
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+ok = sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) == 0 for p in kids)
+print(ok, "of 8 children held their 100 MB")
+`;
+  const modes = (["cgroup", "accounting"] as const).map((mode) => ({ mode }));
+  it.each(modes)("memory counts the program and all its children together ($mode)", async ({ mode }) => {
+    const { memoryMode } = await import("../src/envs/code/memory.ts");
+    const before = process.env["MARFT_SANDBOX_MEMORY"];
+    process.env["MARFT_SANDBOX_MEMORY"] = mode;
+    try {
+      if (
+        mode === "cgroup" &&
+        (() => {
+          try {
+            memoryMode();
+            return false;
+          } catch {
+            return true;
+          }
+        })()
+      ) {
+        return; // no memory cgroup on this machine: the accounting case covers the bound
+      }
+      const r = await py(EIGHT_CHILDREN, { memoryMb: 256, timeoutMs: 20_000, maxProcs: 16 });
+      expect(r.memoryMode).toBe(mode);
+      // cgroup: the OOM killer takes children and the parent may carry on; accounting kills them all
+      const held = /^(\d) of 8/.exec(r.stdout)?.[1];
+      if (mode === "accounting") expect(r.status, r.stdout + r.stderr).toBe("memory");
+      else if (r.status === "ok") expect(Number(held)).toBeLessThanOrEqual(2);
+      else expect(r.status).toBe("memory");
+      // accounting may overshoot by what is allocated within one 10 ms interval
+      expect(r.memoryPeakBytes).toBeGreaterThan(100 * 2 ** 20);
+      expect(r.memoryPeakBytes).toBeLessThanOrEqual((mode === "cgroup" ? 256 : 256 + 100) * 2 ** 20);
+      // under the limit the same program is fine
+      const small = await py(EIGHT_CHILDREN.replace("100 * 1024 * 1024", "4 * 1024 * 1024"), {
+        memoryMb: 256,
+        timeoutMs: 20_000,
+        maxProcs: 16,
+      });
+      expect(small.stdout).toBe("8 of 8 children held their 100 MB\n");
+      expect(small.status).toBe("ok");
+    } finally {
+      if (before === undefined) delete process.env["MARFT_SANDBOX_MEMORY"];
+      else process.env["MARFT_SANDBOX_MEMORY"] = before;
+    }
+  });
+
   it("huge output: capped, truncated and said so", async () => {
     const r = await py("while True:\n    print('x' * 1000)", { maxOutputBytes: 10_000 });
     expect(r.status).toBe("output_limit");

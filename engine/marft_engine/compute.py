@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
@@ -41,12 +42,32 @@ class ComputeThread:
         # Waiting calls; each runs its function (argument False) or fails (True: the engine is closed).
         self.calls: deque[Callable[[bool], None]] = deque()
         self.stopped = False
+        # Progress, for clients that watch a long call (Health.progress): calls and work steps done.
+        # Written on the compute thread only.
+        self.beats = 0
+        # Runs on the compute thread before each call, with the call's name and arguments (the
+        # engine's test-only delays, delays.py); None: nothing.
+        self.before: Callable[[str, tuple[object, ...]], None] | None = None
         self.thread = threading.Thread(target=self._loop, name="marft-compute", daemon=True)
         self.thread.start()
+        assert self.thread.ident is not None
+        try:
+            self._cpu_clock: int | None = time.pthread_getcpuclockid(self.thread.ident)
+        except (AttributeError, OSError):  # not on every platform
+            self._cpu_clock = None
 
-    def call(self, fn: Callable[[], T]) -> T:
+    def cpu_seconds(self) -> float:
+        """CPU time the compute thread has used (the process's where there is no thread clock). A
+        call that runs long without finishing a step still moves it, unless it is stuck: that is how
+        a client tells slow from stalled."""
+        if self._cpu_clock is None:
+            return time.process_time()
+        return time.clock_gettime(self._cpu_clock)
+
+    def call(self, fn: Callable[[], T], name: str = "", args: tuple[object, ...] = ()) -> T:
         """Run fn on the compute thread, between steps of the work, and return its result; its
-        exception reaches the caller as if it had run fn itself. On the compute thread it just runs."""
+        exception reaches the caller as if it had run fn itself. On the compute thread it just runs.
+        `name` and `args` are for the `before` hook."""
         if threading.current_thread() is self.thread:
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -56,6 +77,8 @@ class ComputeThread:
                 future.set_exception(RuntimeError("the engine is closed"))
                 return
             try:
+                if self.before is not None:
+                    self.before(name, args)
                 future.set_result(fn())
             except BaseException as e:  # the caller gets it, as if it had run fn itself
                 future.set_exception(e)
@@ -83,9 +106,11 @@ class ComputeThread:
                 stopped = self.stopped
             for run in calls:  # calls first: they wait for a step at most
                 run(stopped)
+                self.beats += 1
             if stopped:
                 return
             self.work.step()
+            self.beats += 1
 
 
 class OnComputeThread(Protocol):
@@ -100,6 +125,6 @@ def on_compute_thread(method: Callable[Concatenate[S, P], T]) -> Callable[Concat
 
     @functools.wraps(method)
     def run(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.compute.call(lambda: method(self, *args, **kwargs))
+        return self.compute.call(lambda: method(self, *args, **kwargs), method.__name__, args)
 
     return run

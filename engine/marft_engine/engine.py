@@ -10,12 +10,14 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import resource
+from pathlib import Path
 
 import torch
 from transformers.utils import logging as hf_logging
 
 from . import checkpoints, lora_batch, training
 from .compute import ComputeThread, on_compute_thread
+from .delays import Delays
 from .registry import Adapter, Base, Registry
 from .sampler import Sampler
 from .schemas import (
@@ -34,6 +36,7 @@ from .schemas import (
     ForwardResponse,
     OptimStepRequest,
     OptimStepResponse,
+    Progress,
     SampleBatch,
     SampleResponse,
     Stats,
@@ -49,7 +52,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 class Engine:
-    def __init__(self, device: str = "auto", max_batch: int = 64) -> None:
+    def __init__(self, device: str = "auto", max_batch: int = 64, checkpoint_root: str | None = None) -> None:
+        """`checkpoint_root`: the directory every checkpoint path must lie in (default ./runs)."""
         # model loading's progress bars and advice would fill the engine's log (stderr)
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
@@ -59,7 +63,13 @@ class Engine:
         self.registry = Registry(self.device)
         self.sampler = Sampler(self.registry, max_batch)
         self.compute = ComputeThread(self.sampler)
+        self.compute.before = delays.before if (delays := Delays.from_env()) else None
         self.tokens_trained = 0
+        self.checkpoint_root = Path(checkpoint_root if checkpoint_root is not None else "runs").absolute()
+
+    def progress(self) -> Progress:
+        """Read off the compute thread (health answers while a long call runs)."""
+        return Progress(beats=self.compute.beats, compute_cpu_seconds=self.compute.cpu_seconds())
 
     def close(self) -> None:
         self.compute.close()
@@ -116,11 +126,11 @@ class Engine:
 
     @on_compute_thread
     def save_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
-        return checkpoints.save(self.registry, body)
+        return checkpoints.save(self.registry, self.checkpoint_root, body)
 
     @on_compute_thread
     def load_checkpoint(self, body: CheckpointRequest) -> CheckpointResponse:
-        return checkpoints.load(self.registry, body)
+        return checkpoints.load(self.registry, self.checkpoint_root, body)
 
     @on_compute_thread
     def stats(self, endpoints: dict[str, tuple[int, float]]) -> Stats:

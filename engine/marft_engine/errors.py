@@ -21,6 +21,13 @@ class BadRequest(EngineError):
     kind = "bad_request"
 
 
+class Forbidden(EngineError):
+    """A path outside what the engine may touch (checkpoints: the root it was started with)."""
+
+    status = 403
+    kind = "forbidden"
+
+
 class NotFound(EngineError):
     status = 404
     kind = "not_found"

@@ -20,13 +20,39 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 DECODE_ATTENTION = "marft_sdpa"  # the name the attention override is registered under
 
 
-def compute_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """BaseCreate.dtype -> the dtype a base computes in. bf16 by default on GPU; on CPU only when
-    asked for, since it is fast only where the CPU has bf16 instructions (AVX512_BF16 / AMX), and
-    fp32 keeps the exact sample/forward parity the tests rely on."""
-    if requested == "bfloat16" or (device.type == "cuda" and requested == "auto"):
-        return torch.bfloat16
-    return torch.float32
+# CPU feature flags (as /proc/cpuinfo spells them) of native bf16 matmul instructions. Without them a
+# bf16 matmul is emulated and much slower than fp32 (docs/MEASUREMENTS.md: 45x on a Zen 3 core).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo; empty where there is none (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def compute_dtype(
+    requested: str, device: torch.device, flags: frozenset[str] | None = None
+) -> tuple[torch.dtype, str]:
+    """BaseCreate.dtype -> (the dtype a base computes in, why). `auto` is bf16 on a GPU, and on a CPU
+    only where the CPU has native bf16 instructions (`flags`: default, this CPU's); elsewhere fp32,
+    which is also what keeps sample/forward parity exact."""
+    if requested == "bfloat16":
+        return torch.bfloat16, "requested"
+    if requested == "float32":
+        return torch.float32, "requested"
+    if device.type == "cuda":
+        return torch.bfloat16, "auto: CUDA device"
+    native = sorted(set(NATIVE_BF16_FLAGS) & (cpu_flags() if flags is None else flags))
+    if native:
+        return torch.bfloat16, f"auto: the CPU has native bf16 ({', '.join(native)})"
+    return torch.float32, f"auto: the CPU has no native bf16 ({' or '.join(NATIVE_BF16_FLAGS)})"
 
 
 def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:

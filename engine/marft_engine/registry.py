@@ -9,6 +9,7 @@ base's dtype.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -22,6 +23,8 @@ from .errors import BadRequest, Conflict, NotFound
 from .models import load_source
 from .peft_folder import read_peft_dir
 from .schemas import AdapterCreate, AdapterInfo, BaseCreate, BaseInfo, LoraConfig, OptimizerConfig
+
+log = logging.getLogger("marft_engine")
 
 BASE_ADAPTER = "__base__"  # the adapter name that means the bare base (every adapter disabled)
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -39,6 +42,7 @@ class Base:
     device: torch.device
     # compute dtype (bf16: autocast; on CPU embeddings and norms stay fp32, see precision.py)
     dtype: torch.dtype
+    dtype_reason: str  # why this dtype (precision.compute_dtype): requested, or what auto saw
     context_length: int
     eos_ids: list[int]
     pad_id: int
@@ -66,6 +70,7 @@ class Base:
             pad_token_id=self.pad_id,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
+            dtype_reason=self.dtype_reason,
         )
 
 
@@ -135,7 +140,8 @@ class Registry:
             model, tokenizer = load_source(body.source, body.seed)
         except (OSError, ValueError) as e:  # unreadable or foreign files: the caller's source is wrong
             raise BadRequest(f"source: cannot load {body.source!r}: {e}") from e
-        dtype = precision.compute_dtype(body.dtype, self.device)
+        dtype, dtype_reason = precision.compute_dtype(body.dtype, self.device)
+        log.info("base %s (%s): computes in %s (%s)", body.name, body.source, dtype, dtype_reason)
         cache_dtype = precision.place(model, self.device, dtype)
         eos = tokenizer.eos_token_id
         eos_ids = sorted({int(eos)} if eos is not None else set())
@@ -150,6 +156,7 @@ class Registry:
             tokenizer=tokenizer,
             device=self.device,
             dtype=dtype,
+            dtype_reason=dtype_reason,
             context_length=int(getattr(model.config, "max_position_embeddings", 2048)),
             eos_ids=eos_ids,
             pad_id=int(pad),

@@ -29,15 +29,23 @@ Conventions
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class Strict(BaseModel):
-    """Unknown fields are errors, so a typo in a client is a 422 that names the field."""
+    """Unknown fields are errors, so a typo in a client is a 422 that names the field; NaN and
+    infinities are refused (the server refuses them in the JSON already, with a 400)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Answer(Strict):
+    """A response body. It may hold a non-finite number (finite inputs can drive a result out of
+    range), so that the server can answer it with a 400 naming the field rather than fail here."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -52,15 +60,15 @@ class BaseCreate(Strict):
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
-        description="auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: also on CPU, where "
-        "every pass runs under bf16 autocast (fast with AVX512_BF16 or AMX), with linear weights "
-        "stored bf16 and decode attention over an fp32 KV cache. LoRA weights and optimizer state "
-        "stay fp32.",
+        description="auto: bfloat16 on a GPU, and on a CPU only where it has native bf16 instructions "
+        "(the avx512_bf16 or amx_bf16 flag), else float32; BaseInfo.dtype_reason says which applied. "
+        "bfloat16 on a CPU: every pass runs under bf16 autocast, with linear weights stored bf16 and "
+        "decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.",
     )
-    seed: int = Field(0, description="Seed for random-init (tiny:) bases.")
+    seed: int = Field(0, ge=-(2**63), lt=2**63, description="Seed for random-init (tiny:) bases.")
 
 
-class BaseInfo(Strict):
+class BaseInfo(Answer):
     name: str
     source: str
     vocab_size: int
@@ -70,6 +78,7 @@ class BaseInfo(Strict):
     pad_token_id: int
     device: str
     dtype: str
+    dtype_reason: str = Field(description="why this dtype: requested, or what auto saw on this device")
 
 
 class LoraConfig(Strict):
@@ -86,7 +95,7 @@ class LoraConfig(Strict):
 
 class OptimizerConfig(Strict):
     lr: float = Field(1e-5, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
 
@@ -97,15 +106,16 @@ class AdapterCreate(Strict):
     kind: Literal["policy", "critic"] = "policy"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    value_head_hidden: list[int] = Field(
+    value_head_hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=list,
+        max_length=8,
         description="critic only: hidden sizes of the MLP value head (empty = linear head)",
     )
     init_from: str | None = Field(None, description="a PEFT adapter directory to load the weights from")
-    seed: int = 0
+    seed: int = Field(0, ge=-(2**63), lt=2**63)
 
 
-class AdapterInfo(Strict):
+class AdapterInfo(Answer):
     name: str
     base: str
     kind: Literal["policy", "critic"]
@@ -114,11 +124,11 @@ class AdapterInfo(Strict):
     lora: LoraConfig
 
 
-class AdapterList(Strict):
+class AdapterList(Answer):
     adapters: list[AdapterInfo]
 
 
-class BaseList(Strict):
+class BaseList(Answer):
     bases: list[BaseInfo]
 
 
@@ -161,7 +171,7 @@ class SampleBatch(Strict):
     seed: int | None = Field(None, description="makes the whole batch reproducible")
 
 
-class Completion(Strict):
+class Completion(Answer):
     response_ids: list[int] = Field(description="the sampled tokens, with the eos / stop-completing token")
     logprobs: list[float] = Field(description="per response token, under the tempered policy")
     sampler_logprobs: list[float] = Field(description="per response token, under the truncated sampler")
@@ -169,14 +179,14 @@ class Completion(Strict):
     finish_reason: Literal["stop", "eos", "length"]
 
 
-class SampleResult(Strict):
+class SampleResult(Answer):
     prompt_ids: list[int]
     adapter: str
     adapter_version: int
     completions: list[Completion]
 
 
-class SampleResponse(Strict):
+class SampleResponse(Answer):
     results: list[SampleResult] = Field(description="one per request, in request order")
     tokens_sampled: int
     seconds: float
@@ -203,7 +213,7 @@ class ForwardRequest(Strict):
     micro_batch_tokens: int = Field(8192, ge=16)
 
 
-class ForwardResult(Strict):
+class ForwardResult(Answer):
     logprobs: list[float] | None = Field(
         None,
         description="aligned with tokens; entry 0 is 0, and so is every entry whose datum weight is 0 "
@@ -213,7 +223,7 @@ class ForwardResult(Strict):
     values: list[float] | None = Field(None, description="critic: values[i] = V(tokens[: i + 1])")
 
 
-class ForwardResponse(Strict):
+class ForwardResponse(Answer):
     results: list[ForwardResult]
 
 
@@ -255,7 +265,7 @@ class ForwardBackwardRequest(Strict):
     micro_batch_tokens: int = Field(8192, ge=16, description="token budget per micro-batch")
 
 
-class ForwardBackwardResponse(Strict):
+class ForwardBackwardResponse(Answer):
     loss: float
     stats: dict[str, float] = Field(
         description="e.g. clipfrac, approx_kl, entropy, kl_ref, ratio_mean, value_mean, tokens, micro_batches"
@@ -270,7 +280,7 @@ class OptimStepRequest(Strict):
     max_grad_norm: float | None = Field(1.0, gt=0, description="null = no clipping")
 
 
-class OptimStepResponse(Strict):
+class OptimStepResponse(Answer):
     adapter: str
     version: int
     grad_norm: float = Field(description="before clipping")
@@ -282,27 +292,39 @@ class OptimStepResponse(Strict):
 
 
 class CheckpointRequest(Strict):
-    path: str = Field(description="a directory; written to a temporary sibling and renamed into place")
+    path: str = Field(
+        description="a directory inside the engine's checkpoint root (a relative path is taken from "
+        "the root); written to a temporary sibling and renamed into place. A save replaces an "
+        "existing directory only if it is a MARFT checkpoint."
+    )
     adapters: list[str] | None = Field(None, description="default: all adapters")
 
 
-class CheckpointResponse(Strict):
+class CheckpointResponse(Answer):
     path: str
     adapters: list[str]
 
 
-class Health(Strict):
+class Progress(Answer):
+    """What a client watches while a long call runs: it is making progress while either moves."""
+
+    beats: int = Field(description="calls and decode steps the compute thread has finished")
+    compute_cpu_seconds: float = Field(description="CPU time the compute thread has used")
+
+
+class Health(Answer):
     status: Literal["ok"]
     version: str
     device: str
+    progress: Progress | None = Field(None, description="null from an app with no engine behind it")
 
 
-class EndpointStats(Strict):
+class EndpointStats(Answer):
     calls: int
     seconds: float
 
 
-class Stats(Strict):
+class Stats(Answer):
     device: str
     rss_bytes: int
     cuda_allocated_bytes: int | None = None
@@ -316,6 +338,6 @@ class Stats(Strict):
     endpoints: dict[str, EndpointStats]
 
 
-class ErrorBody(Strict):
+class ErrorBody(Answer):
     error: str = Field(description="machine-readable kind: bad_request, not_found, internal, unauthorized")
     message: str = Field(description="what was wrong, naming the field")

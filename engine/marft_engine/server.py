@@ -1,7 +1,7 @@
 """The engine's HTTP server: FastAPI routes over one `Engine`, bearer auth, JSON errors, process life.
 
 Run: python -m marft_engine.server --host 127.0.0.1 --port 0 [--device auto|cpu|cuda]
-     [--parent-pid PID] [--max-batch 64]
+     [--parent-pid PID] [--max-batch 64] [--checkpoint-root DIR]
 When listening it prints one JSON line to stdout: {"event": "ready", "url": "http://127.0.0.1:PORT"}.
 """
 
@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
+import re
 import secrets
 import signal
 import socket
@@ -25,10 +27,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
-from .errors import EngineError, Unavailable
+from .errors import BadRequest, EngineError, Unavailable
 from .schemas import (
     AdapterCreate,
     AdapterInfo,
@@ -64,6 +68,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code, text in [
         (400, "Bad request (names the field)"),
         (401, "Missing or wrong bearer token"),
+        (403, "A path outside the engine's checkpoint root"),
         (404, "Unknown base or adapter"),
         (409, "Name already taken"),
         (413, "Request body too large"),
@@ -103,21 +108,114 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+# JSON has no NaN or Infinity (RFC 8259), but Python's parser takes them, and 1e999 parses as inf.
+# A body where any of them may be is parsed again to name the field; other bodies cost one scan.
+_MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[0-9][eE]\+?[0-9]{3}")
+
+
+class _NonFinite:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _parse_float(text: str) -> float | _NonFinite:
+    f = float(text)
+    return f if math.isfinite(f) else _NonFinite(text)
+
+
+def non_finite_field(value: object, path: str = "") -> tuple[str, str] | None:
+    """(field path, the number as written) of the first non-finite number in a JSON value (parsed
+    with `_NonFinite` markers, or a response's model_dump()), or None."""
+    if isinstance(value, _NonFinite):
+        return path or "body", value.text
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "body", repr(value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if found := non_finite_field(v, f"{path}.{k}" if path else str(k)):
+                return found
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            if found := non_finite_field(v, f"{path}[{i}]"):
+                return found
+    return None
+
+
+def _body_non_finite(body: bytes) -> tuple[str, str] | None:
+    if not _MAYBE_NON_FINITE.search(body):
+        return None
+    try:
+        value = json.loads(body, parse_constant=_NonFinite, parse_float=_parse_float)
+    except ValueError:
+        return None  # not JSON: the validation error names what is wrong
+    return non_finite_field(value)
+
+
+class BodyGuard:
+    """Outermost layer: the bearer token; the body limit, counted as the body arrives (a chunked
+    upload has no Content-Length to check); no NaN or Infinity anywhere in a JSON body (a 400 that
+    names the field: a NaN advantage would silently turn an adapter's weights into NaN)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if not secrets.compare_digest(headers.get(b"authorization", b""), self.expected):
+            await _error(401, "unauthorized", "Authorization: Bearer <MARFT_ENGINE_TOKEN> required")(
+                scope, receive, send
+            )
+            return
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            too_large = f"request body is {int(length)} bytes; the limit is {MAX_BODY_BYTES}"
+            await _error(413, "too_large", too_large)(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                too_large = f"request body is over {MAX_BODY_BYTES} bytes, the limit"
+                await _error(413, "too_large", too_large)(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if found := _body_non_finite(body):
+            field, text = found
+            await _error(400, "bad_request", f"{field}: {text} is not a finite number")(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
 def create_app(engine: Engine | None, token: str) -> FastAPI:
     """The app over `engine` (None: routes exist for the OpenAPI document but answer 503)."""
     app = FastAPI(title="MARFT engine", version=__version__, responses=ERROR_RESPONSES)
     endpoint_stats: dict[str, list[float]] = {}
 
     @app.middleware("http")
-    async def auth_and_limits(
+    async def endpoint_times(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header.encode(), f"Bearer {token}".encode()):
-            return _error(401, "unauthorized", "Authorization: Bearer <MARFT_ENGINE_TOKEN> required")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _error(413, "too_large", f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}")
         t0 = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
@@ -126,6 +224,8 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
         entry[0] += 1
         entry[1] += time.perf_counter() - t0
         return response
+
+    app.add_middleware(BodyGuard, token=token)  # added last: the outermost layer
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -150,10 +250,19 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
             raise Unavailable("no engine behind this app")
         return engine
 
+    def finite(result: T) -> T:
+        # Finite inputs can still drive a result out of range (a huge advantage, a tiny
+        # temperature); JSON cannot carry it, and it is the request's doing: a 400, not a 500.
+        if isinstance(result, BaseModel) and (found := non_finite_field(result.model_dump())):
+            raise BadRequest(
+                f"{found[0]}: the result is {found[1]}; the request's values drive it out of range"
+            )
+        return result
+
     async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         # Engine calls wait in a worker thread so the event loop keeps accepting requests (the sampler
         # batches concurrent calls); the engine runs them all on its one compute thread.
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        return finite(await asyncio.to_thread(fn, *args, **kwargs))
 
     @app.post("/v1/bases", response_model=BaseInfo)
     async def create_base(body: BaseCreate) -> BaseInfo:
@@ -180,7 +289,7 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
         # Admission runs on the compute thread (it may wait for a decode step), so off the event loop;
         # then the call just waits for its rows to finish in the shared decode batch.
         future = await run(need().submit_sample, body)
-        return await asyncio.wrap_future(future)
+        return finite(await asyncio.wrap_future(future))
 
     @app.post("/v1/forward", response_model=ForwardResponse)
     async def forward(body: ForwardRequest) -> ForwardResponse:
@@ -204,7 +313,8 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
 
     @app.get("/v1/health", response_model=Health)
     async def health() -> Health:
-        return Health(status="ok", version=__version__, device=need().device_name)
+        eng = need()
+        return Health(status="ok", version=__version__, device=eng.device_name, progress=eng.progress())
 
     @app.get("/v1/stats", response_model=Stats)
     async def stats() -> Stats:
@@ -250,6 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=64, help="most rows in one decode batch")
+    parser.add_argument(
+        "--checkpoint-root",
+        default="runs",
+        help="every checkpoint path must lie in this directory (default ./runs; the CLI passes the run "
+        "directory's parent)",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
@@ -265,7 +381,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from .engine import Engine
 
-    engine = Engine(device=args.device, max_batch=args.max_batch)
+    engine = Engine(device=args.device, max_batch=args.max_batch, checkpoint_root=args.checkpoint_root)
+    log.info("checkpoint root: %s", engine.checkpoint_root)
     app = create_app(engine, token)
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -312,6 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve())
     engine.close()
     log.info("engine stopped")
+    # Exit now: a call still on the compute thread (close() waits 10 s for it) would otherwise hold
+    # the worker thread that waits for it, and the interpreter joins those threads at exit.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

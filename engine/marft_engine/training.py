@@ -12,6 +12,7 @@ vocabulary, N = positions whose logits are computed.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -366,11 +367,23 @@ def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> Forwar
         ids, mask = inputs(base, data, idx)
         w = pad(base, data, idx, "weights")  # [B, T]
         part = loss.micro_batch(MicroBatch(base, adapter, data, idx, ids, mask, w, agg, norm), body, st)
+        if not torch.isfinite(part):
+            _drop_gradients(adapter)
+            raise BadRequest(
+                f"data: the {body.loss} loss is {float(part.detach())} (the values drive it out of range); "
+                f"adapter {adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
+            )
         (part * body.loss_scale).backward()
         total_loss += float(part.detach())
     stats = {k: v / total_w for k, v in st.sums.items()}
     if loss.summary is not None:
         loss.summary(stats)
+    if bad := [k for k, v in stats.items() if not math.isfinite(v)]:
+        _drop_gradients(adapter)
+        raise BadRequest(
+            f"data: the statistic {bad[0]} is {stats[bad[0]]} (the values drive it out of range); "
+            f"adapter {adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
+        )
     stats["tokens"] = float(sum(sum(1 for x in ws if x > 0) for ws in all_w))
     stats["weight_sum"] = total_w
     stats["micro_batches"] = float(len(groups))
@@ -390,8 +403,19 @@ def optim_step(registry: Registry, body: OptimStepRequest) -> OptimStepResponse:
         norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
     else:
         norm = 0.0
+    if not math.isfinite(norm):  # a step would make every weight NaN
+        _drop_gradients(adapter)
+        raise BadRequest(
+            f"adapter: {adapter.name!r}'s gradient norm is {norm}; the step was skipped and the "
+            "gradients dropped, its weights are unchanged"
+        )
     adapter.optimizer.step()
     adapter.optimizer.zero_grad(set_to_none=True)
     adapter.version += 1
     lora_batch.bump()
     return OptimStepResponse(adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr)
+
+
+def _drop_gradients(adapter: Adapter) -> None:
+    for p in adapter.params:
+        p.grad = None

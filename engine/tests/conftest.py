@@ -17,9 +17,10 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    e = Engine(device="cpu", max_batch=64)
-    e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0))
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    # checkpoints go to the tests' tmp_path directories, all under pytest's base temp
+    e = Engine(device="cpu", max_batch=64, checkpoint_root=str(tmp_path_factory.getbasetemp()))
+    e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
     add_policy(e, "A", seed=1)
     add_policy(e, "B", seed=2)
     e.create_adapter(

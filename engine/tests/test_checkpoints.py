@@ -28,7 +28,14 @@ def test_checkpoint_round_trip_and_continued_training(engine: Engine, tmp_path: 
     assert sorted(p.name for p in (ck / "adapters" / "ck").iterdir()) == [
         "adapter_config.json",
         "adapter_model.safetensors",
-        "optimizer.pt",
+        "optimizer.json",
+        "optimizer.safetensors",
+    ]
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "adapters",
+        "manifest.json",
+        "rng.json",
+        "rng.safetensors",
     ]
     assert (ck / "adapters" / "C" / "value_head.safetensors").is_file()
     assert not list(tmp_path.glob("*.tmp-*"))
@@ -40,9 +47,9 @@ def test_checkpoint_round_trip_and_continued_training(engine: Engine, tmp_path: 
     assert resumed == uninterrupted  # bit for bit
 
     # a fresh engine creates the missing adapters on its already-loaded base
-    fresh = Engine(device="cpu")
+    fresh = Engine(device="cpu", checkpoint_root=str(engine.checkpoint_root))
     try:
-        fresh.create_base(BaseCreate(name="b", source="tiny:llama", seed=0))
+        fresh.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
         engine.load_checkpoint(CheckpointRequest(path=str(ck)))
         fresh.load_checkpoint(CheckpointRequest(path=str(ck)))
         assert fresh.adapters["C"].kind == "critic" and fresh.adapters["ck"].version == 2

@@ -19,7 +19,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def client() -> Iterator[TestClient]:
     eng = Engine(device="cpu")
     with TestClient(create_app(eng, TOKEN), headers=AUTH, raise_server_exceptions=False) as c:
-        r = c.post("/v1/bases", json={"name": "b", "source": "tiny:qwen2", "seed": 1})
+        r = c.post("/v1/bases", json={"name": "b", "source": "tiny:qwen2", "seed": 1, "dtype": "float32"})
         assert r.status_code == 200, r.text
         r = c.post("/v1/adapters", json={"name": "p", "base": "b"})
         assert r.status_code == 200, r.text
@@ -112,7 +112,7 @@ def test_auth_required_everywhere(client: TestClient) -> None:
         ("/v1/adapters", {"name": "p", "base": "b"}, 409, "already exists"),
         ("/v1/adapters", {"name": "bad.name", "base": "b"}, 400, "name:"),
         ("/v1/bases", {"name": "c", "source": "tiny:nope"}, 400, "source: unknown tiny preset"),
-        ("/v1/checkpoint/load", {"path": "/nonexistent/ckpt"}, 400, "path:"),
+        ("/v1/checkpoint/load", {"path": "/nonexistent/ckpt"}, 403, "path: '/nonexistent/ckpt' resolves to"),
     ],
 )
 def test_bad_requests_name_the_field_and_the_engine_keeps_serving(

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+import pytest
 import torch
 from helpers import add_policy, ppo_data, seqs
 
+from marft_engine import precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     BaseCreate,
@@ -58,3 +63,35 @@ def test_bf16_on_cpu_samples_and_trains() -> None:
         assert any(not torch.equal(a, b) for a, b in zip(before, eng.adapters["p"].params, strict=True))
     finally:
         eng.close()
+
+
+def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """dtype auto: bf16 where the CPU has AVX512_BF16 or AMX (read from its flags), fp32 elsewhere;
+    detection forced both ways; the engine logs the choice and /v1/bases reports it."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
+    assert "avx512_bf16" in precision.cpu_flags(str(cpuinfo))
+    assert precision.cpu_flags(str(tmp_path / "none")) == frozenset()
+    cpu = torch.device("cpu")
+    assert precision.compute_dtype("float32", cpu, frozenset({"avx512_bf16"}))[0] == torch.float32
+    assert precision.compute_dtype("bfloat16", cpu, frozenset())[0] == torch.bfloat16
+    cases = [
+        (frozenset({"avx2", "avx512f", "avx512_bf16"}), "bfloat16", "avx512_bf16"),
+        (frozenset({"avx2", "amx_tile", "amx_bf16"}), "bfloat16", "amx_bf16"),
+        (frozenset({"avx2", "avx512f"}), "float32", "no native bf16"),  # Zen 3: AVX2, no bf16
+        (frozenset(), "float32", "no native bf16"),
+    ]
+    for flags, dtype, reason in cases:
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: flags)
+        eng = Engine(device="cpu")
+        try:
+            with caplog.at_level(logging.INFO, logger="marft_engine"):
+                info = eng.create_base(BaseCreate(name="a", source="tiny:llama"))
+            assert (info.dtype, reason in info.dtype_reason) == (dtype, True), info
+            assert eng.list_bases().bases[0].dtype_reason == info.dtype_reason
+            assert f"computes in torch.{dtype} ({info.dtype_reason})" in caplog.text
+            caplog.clear()
+        finally:
+            eng.close()

@@ -30,8 +30,8 @@ def test_hf_source_and_bad_sources(engine: Engine, tmp_path: Path) -> None:
     model, tok = load_tiny("qwen2", 3)
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    engine.create_base(BaseCreate(name="hfb", source=f"hf:{tmp_path / 'm'}"))
-    engine.create_base(BaseCreate(name="tq", source="tiny:qwen2", seed=3))
+    engine.create_base(BaseCreate(name="hfb", source=f"hf:{tmp_path / 'm'}", dtype="float32"))
+    engine.create_base(BaseCreate(name="tq", source="tiny:qwen2", seed=3, dtype="float32"))
     try:
         probe = [Datum(tokens=s) for s in seqs(2, 8)]
         a = engine.forward(ForwardRequest(adapter="__base__", base="hfb", data=probe)).results
@@ -53,7 +53,7 @@ def test_hf_source_and_bad_sources(engine: Engine, tmp_path: Path) -> None:
 
 
 def test_deleting_the_last_adapter_of_a_base_leaves_a_working_base(engine: Engine) -> None:
-    engine.create_base(BaseCreate(name="solo", source="tiny:llama", seed=0))
+    engine.create_base(BaseCreate(name="solo", source="tiny:llama", seed=0, dtype="float32"))
     try:
         probe = [Datum(tokens=[1, 2, 3, 4])]
         before = engine.forward(ForwardRequest(adapter="__base__", base="solo", data=probe)).results
@@ -77,9 +77,9 @@ def test_deleting_the_last_adapter_of_a_base_leaves_a_working_base(engine: Engin
 def test_lora_on_some_layers_only(tmp_path: Path) -> None:
     """lora.layers: LoRA weights only in those layers (negative counts from the last); a critic there
     trains, survives a checkpoint round trip, and a bad index is a 400 naming lora.layers."""
-    eng = Engine(device="cpu")
+    eng = Engine(device="cpu", checkpoint_root=str(tmp_path))
     try:
-        eng.create_base(BaseCreate(name="b", source="tiny:llama", seed=0))  # 2 layers
+        eng.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))  # 2 layers
         info = eng.create_adapter(
             AdapterCreate(
                 name="top",

@@ -147,7 +147,7 @@ def test_deleting_an_adapter_mid_decode_fails_its_call(engine: Engine) -> None:
 
 
 def test_two_bases_in_one_call(engine: Engine) -> None:
-    engine.create_base(BaseCreate(name="q", source="tiny:qwen2", seed=5))
+    engine.create_base(BaseCreate(name="q", source="tiny:qwen2", seed=5, dtype="float32"))
     try:
         add_policy(engine, "qa", base="q", seed=6)
         sp = SamplingParams(temperature=0, max_new_tokens=6)

@@ -18,7 +18,7 @@ from marft_engine.schemas import (
 def test_smollm2_answers_the_capital_of_france() -> None:
     eng = Engine(device="cpu")
     try:
-        info = eng.create_base(BaseCreate(name="smol", source="pkg:smollm2-135m-instruct"))
+        info = eng.create_base(BaseCreate(name="smol", source="pkg:smollm2-135m-instruct", dtype="float32"))
         assert info.vocab_size == 49152 and info.num_parameters > 100_000_000
         eng.create_adapter(AdapterCreate(name="agent", base="smol"))
         msgs = [ChatMessage(role="user", content="What is the capital of France?")]

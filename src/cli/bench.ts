@@ -32,7 +32,29 @@ function machine(): Record<string, unknown> {
   };
 }
 
+const USAGE = `usage: marft bench [--quick] [--only=engine,sandbox,rollout] [--episodes=N]
+
+Measures the speed and memory figures (each a ratio against a baseline measured in the same run) and
+writes bench/results.json.
+
+options:
+  --quick            shorter measurements
+  --only=PARTS       some of engine, sandbox, rollout (default: all)
+  --episodes=N       episodes of the rollout comparison
+  -h, --help         this text
+`;
+
 export async function benchCommand(args: string[]): Promise<void> {
+  if (args.includes("--help") || args.includes("-h")) {
+    process.stdout.write(USAGE);
+    return;
+  }
+  const unknown = args.find((a) => a !== "--quick" && !/^--(only|episodes)=/.test(a));
+  if (unknown !== undefined) {
+    process.stderr.write(`marft bench: unknown option "${unknown}"\n\n${USAGE}`);
+    process.exitCode = 2;
+    return;
+  }
   const quick = args.includes("--quick");
   const only = args
     .find((a) => a.startsWith("--only="))

@@ -16,12 +16,32 @@ import type { EvalResult } from "../train/evaluate.ts";
 import { RunDir, writeFileAtomic } from "../train/rundir.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type Summary, train } from "../train/run.ts";
+import { onInterrupt } from "./interrupt.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { renderReport } from "./report.ts";
 import type { ReportExtras } from "../dashboard/api.ts";
-import { engineConnector } from "./train.ts";
+import { engineConnector, reportError } from "./train.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
+
+const USAGE = `usage: marft demo [--iterations N] [--eval N] [--no-baseline] [--set path=value ...]
+
+Trains the two-agent team of configs/demo.yaml (SmolLM2-135M, reasoner -> actor) on generated
+arithmetic word problems, and a single-agent baseline with the same sampled-token budget; evaluates
+both on held-out problems; writes runs/demo/summary.json and runs/demo/report.html.
+
+options:
+  --iterations N     training iterations (default: the config's)
+  --eval N           held-out problems (default: the config's eval.n)
+  --no-baseline      skip the single-agent baseline
+  --set path=value   override a field of configs/demo.yaml (repeatable)
+  -h, --help         this text
+
+Ctrl-C finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C quits at once.
+`;
+
+/** Ctrl-C during the demo: the running job checkpoints and stops, and no further job starts. */
+let interrupt: ReturnType<typeof onInterrupt> | undefined;
 
 interface Outcome {
   summary: Summary;
@@ -58,6 +78,7 @@ async function runJob(
     runDir,
     suite: suite as Parameters<typeof train>[0]["suite"],
     connect: engineConnector(config, join(runDir, "engine.log")),
+    signal: interrupt?.signal,
     log: (line) => process.stderr.write(`\n${label}: ${line}\n`),
     onProgress: (e) => {
       if (e.kind === "eval") evals.push(e.result);
@@ -140,15 +161,42 @@ function baselineConfig(team: RunConfig): RunConfig {
 }
 
 export async function demoCommand(args: string[]): Promise<void> {
-  const { values } = parseArgs({
+  let values: ReturnType<typeof parseDemoArgs>["values"];
+  try {
+    ({ values } = parseDemoArgs(args));
+  } catch (e) {
+    process.stderr.write(`marft demo: ${(e as Error).message}\n\n${USAGE}`);
+    process.exitCode = 2;
+    return;
+  }
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return;
+  }
+  interrupt = onInterrupt();
+  try {
+    await demo(values);
+  } catch (e) {
+    reportError("demo", e);
+  } finally {
+    interrupt.dispose();
+  }
+}
+
+function parseDemoArgs(args: string[]) {
+  return parseArgs({
     args,
     options: {
       iterations: { type: "string" },
       eval: { type: "string" },
       "no-baseline": { type: "boolean" },
       set: { type: "string", multiple: true },
+      help: { type: "boolean", short: "h" },
     },
   });
+}
+
+async function demo(values: ReturnType<typeof parseDemoArgs>["values"]): Promise<void> {
   const t0 = performance.now();
   const root = join(REPO, "runs/demo");
   const dataDir = join(root, "data");
@@ -179,6 +227,10 @@ export async function demoCommand(args: string[]): Promise<void> {
       `${config.train.iterations} iterations; evaluation on ${data.eval.length} held-out problems\n`,
   );
   const team = await runJob("team", config, join(root, "team"), data);
+  if (team.summary.stoppedEarly) {
+    process.stdout.write(`stopped early; the team's checkpoint: ${team.summary.checkpoint}\n`);
+    return;
+  }
   const baseline = values["no-baseline"]
     ? undefined
     : await runJob("baseline", baselineConfig(config), join(root, "baseline"), data);

@@ -3,13 +3,16 @@
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
+import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
 const USAGE = `usage: marft engine serve [--host 127.0.0.1] [--port 8765] [--device auto|cpu|cuda] [--max-batch N]
+                          [--checkpoint-root DIR]
 
 Runs the compute engine in the foreground. The bearer token is taken from MARFT_ENGINE_TOKEN, or a
-random one is made and printed. Point a trainer at it with
+random one is made and printed. Checkpoints are read and written only inside --checkpoint-root
+(default: ./runs). Point a trainer at it with
   marft train CONFIG --engine-url URL --engine-token-env MARFT_ENGINE_TOKEN
 `;
 
@@ -22,16 +25,23 @@ export function enginePython(): string {
 
 export async function engineCommand(args: string[]): Promise<void> {
   const [sub, ...rest] = args;
-  if (sub !== "serve") {
-    process.stderr.write(
-      sub === undefined || sub === "--help" || sub === "-h"
-        ? USAGE
-        : `marft engine: unknown subcommand "${sub}"\n\n${USAGE}`,
-    );
-    process.exitCode = sub === "--help" || sub === "-h" ? 0 : 2;
+  if (sub === "--help" || sub === "-h") {
+    process.stdout.write(USAGE);
     return;
   }
-  let values: { host?: string; port?: string; device?: string; "max-batch"?: string; help?: boolean };
+  if (sub !== "serve") {
+    process.stderr.write(sub === undefined ? USAGE : `marft engine: unknown subcommand "${sub}"\n\n${USAGE}`);
+    process.exitCode = 2;
+    return;
+  }
+  let values: {
+    host?: string;
+    port?: string;
+    device?: string;
+    "max-batch"?: string;
+    "checkpoint-root"?: string;
+    help?: boolean;
+  };
   try {
     ({ values } = parseArgs({
       args: rest,
@@ -40,6 +50,7 @@ export async function engineCommand(args: string[]): Promise<void> {
         port: { type: "string" },
         device: { type: "string" },
         "max-batch": { type: "string" },
+        "checkpoint-root": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
     }));
@@ -68,6 +79,8 @@ export async function engineCommand(args: string[]): Promise<void> {
     values.port ?? "8765",
     "--device",
     device,
+    "--checkpoint-root",
+    resolve(values["checkpoint-root"] ?? "runs"),
   ];
   if (values["max-batch"]) pyArgs.push("--max-batch", values["max-batch"]);
   const child = spawn(enginePython(), pyArgs, {

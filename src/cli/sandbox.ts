@@ -7,7 +7,8 @@ import { runSandboxed } from "../envs/code/sandbox.ts";
 const USAGE = `usage: marft sandbox run --lang python --timeout SECONDS [--memory MB] [--stdin FILE] FILE
 
 Runs FILE (or "-" for standard input) in the sandbox and prints
-{"status", "exit_code", "stdout", "stderr", "wall_ms", "truncated", "isolation"} as JSON.
+{"status", "exit_code", "stdout", "stderr", "wall_ms", "truncated", "isolation", "memory_mode",
+"memory_peak_bytes"} as JSON. --memory bounds the program and all its children together.
 status: ok | error | timeout | memory | output_limit | killed
 `;
 
@@ -18,6 +19,10 @@ export async function sandboxCommand(args: string[]): Promise<void> {
     return;
   }
   if (sub !== "run") return usageError(`unknown subcommand "${sub}"`);
+  if (rest.includes("--help") || rest.includes("-h")) {
+    process.stdout.write(USAGE);
+    return;
+  }
   let parsed: ReturnType<typeof parse>;
   try {
     parsed = parse(rest);
@@ -52,6 +57,8 @@ export async function sandboxCommand(args: string[]): Promise<void> {
     wall_ms: r.wallMs,
     truncated: r.truncated,
     isolation: r.isolation,
+    memory_mode: r.memoryMode,
+    memory_peak_bytes: r.memoryPeakBytes,
   };
   process.stdout.write(`${JSON.stringify(out)}\n`);
 }

@@ -2,13 +2,14 @@
 import { existsSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { connectEngine, startLocalEngine } from "../client/launcher.ts";
-import { loadRunConfig } from "../config/load.ts";
+import { connectEngine, ENGINE_CWD, startLocalEngine } from "../client/launcher.ts";
+import { checkBaseFiles, loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
-import { ConfigError } from "../errors.ts";
+import { ConfigError, MarftError } from "../errors.ts";
 import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type EngineHandle, type Summary, train } from "../train/run.ts";
+import { onInterrupt } from "./interrupt.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { writeRunReport } from "./report.ts";
 
@@ -22,6 +23,11 @@ options:
   --engine-url URL         use a running engine (e.g. on a GPU server) instead of starting one
   --engine-token-env VAR   environment variable with that engine's token (default MARFT_ENGINE_TOKEN)
   --quiet                  no progress bars
+  -h, --help               this text
+
+Ctrl-C finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C quits at once.
+An engine call fails only when the engine is gone or makes no progress for engine.stallSeconds
+(default 300); the error then names the last checkpoint and the --resume command.
 `;
 
 export interface EngineChoice {
@@ -29,19 +35,24 @@ export interface EngineChoice {
   tokenEnv?: string;
 }
 
-/** Connect to the configured remote engine, or start a local one logging into the run directory. */
+/**
+ * Connect to the configured remote engine, or start a local one logging into the run directory;
+ * its checkpoints are confined to `checkpointRoot` (default: the run directory's parent).
+ */
 export function engineConnector(
   c: RunConfig,
   logFile: string,
   override: EngineChoice = {},
+  checkpointRoot: string = dirname(dirname(resolve(logFile))),
 ): () => Promise<EngineHandle> {
   const url = override.url ?? c.engine.url;
   const tokenEnv = override.tokenEnv ?? c.engine.tokenEnv;
+  const stallMs = c.engine.stallSeconds * 1000;
   if (url) {
     return async () => {
       const token = process.env[tokenEnv];
       if (!token) throw new Error(`engine: ${url} needs a token; set the environment variable ${tokenEnv}`);
-      return connectEngine({ url, token });
+      return connectEngine({ url, token, stallMs });
     };
   }
   const env: Record<string, string> = { TOKENIZERS_PARALLELISM: "false" };
@@ -49,17 +60,21 @@ export function engineConnector(
     env["OMP_NUM_THREADS"] = String(c.engine.threads);
     env["MKL_NUM_THREADS"] = String(c.engine.threads);
   }
-  return () => startLocalEngine({ device: c.engine.device, logFile, env });
+  return async () => {
+    const e = await startLocalEngine({ device: c.engine.device, logFile, env, stallMs, checkpointRoot });
+    return { client: e.client, stop: e.stop, pid: e.process?.pid };
+  };
 }
 
-/** Print a config error (exit 2) or rethrow anything else. */
+/** Print a config error (exit 2) or any other error (exit 1): its message, and a stack only for a bug. */
 export function reportError(cmd: string, e: unknown): void {
   if (e instanceof ConfigError) {
     process.stderr.write(`${e.message}\n`);
     process.exitCode = 2;
     return;
   }
-  process.stderr.write(`marft ${cmd}: ${(e as Error).message ?? String(e)}\n`);
+  const detail = e instanceof MarftError || !(e instanceof Error) ? "" : `\n${e.stack ?? ""}`;
+  process.stderr.write(`marft ${cmd}: ${e instanceof Error ? e.message : String(e)}${detail}\n`);
   process.exitCode = 1;
 }
 
@@ -129,23 +144,12 @@ export async function trainCommand(args: string[]): Promise<void> {
       loadRunConfig(configFile!, values.set ?? []),
       dirname(resolve(configFile!)),
     );
+    if (!(values["engine-url"] ?? config.engine.url)) checkBaseFiles(config, configFile!, ENGINE_CWD);
     const runDir = resolve(values.resume ?? values["run-dir"] ?? join("runs", config.name));
     const quiet = values.quiet || !process.stderr.isTTY;
     const suite = await makeSuite(config.task, dirname(resolve(configFile!)));
 
-    const abort = new AbortController();
-    const onSigint = () => {
-      if (abort.signal.aborted) {
-        process.stderr.write("\nsecond Ctrl-C: quitting without a checkpoint\n");
-        process.exit(130);
-      }
-      process.stderr.write(
-        "\nCtrl-C: finishing this iteration, then saving a checkpoint (Ctrl-C again to quit now)\n",
-      );
-      abort.abort();
-    };
-    process.on("SIGINT", onSigint);
-    process.on("SIGTERM", onSigint);
+    const interrupt = onInterrupt();
 
     const bar = new Progress("train", config.train.iterations, { silent: values.quiet });
     let lastReward = "";
@@ -159,7 +163,7 @@ export async function trainCommand(args: string[]): Promise<void> {
         url: values["engine-url"],
         tokenEnv: values["engine-token-env"],
       }),
-      signal: abort.signal,
+      signal: interrupt.signal,
       log: (line) => process.stderr.write(`${quiet ? "" : "\n"}${line}\n`),
       onProgress: (e) => {
         if (e.kind === "iteration") {
@@ -172,14 +176,16 @@ export async function trainCommand(args: string[]): Promise<void> {
       },
     });
     bar.finish();
-    process.off("SIGINT", onSigint);
-    process.off("SIGTERM", onSigint);
+    interrupt.dispose();
     const { RunDir } = await import("../train/rundir.ts");
     process.stdout.write(`\n${summaryTable(summary, new RunDir(runDir).readMetrics() as MetricsRow[])}`);
     process.stdout.write(`run directory: ${runDir}\n`);
     process.stdout.write(`report: ${writeRunReport(runDir)} (live: marft dashboard ${dirname(runDir)})\n`);
     if (summary.stoppedEarly)
-      process.stdout.write(`stopped early; continue with: marft train --resume ${runDir}\n`);
+      process.stdout.write(
+        `stopped early after iteration ${summary.iterations}, checkpoint saved (${summary.checkpoint}); ` +
+          `continue with: marft train --resume ${runDir}\n`,
+      );
   } catch (e) {
     reportError("train", e);
   }

@@ -5,28 +5,33 @@
 // zod (responses.ts).
 //
 // Failure policy (errors: src/errors.ts):
-// - Every call has a timeout (per client, overridable per call).
+// - No call has a fixed deadline: a long sample or training call on a slow CPU is work, not failure.
+//   While calls are in flight, one watcher polls /v1/health, whose `progress` moves whenever the
+//   engine finishes a call or a decode step or its compute thread uses CPU time. A call fails only
+//   when the engine is gone (no connection) or shows no progress for `stallMs`
+//   (`EngineStalledError`, naming the call and how long). A per-call `timeoutMs` is a hard limit for
+//   short probes (health checks), nothing else.
 // - A call is retried, with exponential backoff, only when the connection failed. If the failure
 //   means the request never reached the engine (connection refused, DNS failure, connect timeout),
 //   any call is retried. If it may have reached it (connection reset mid-call), only calls that change
 //   nothing on the engine (GETs, sample, forward) are retried: re-sending forward_backward would
 //   accumulate gradients twice, optim_step would step twice.
-// - No answer (connection failure after the retries, timeout) raises `EngineUnreachableError`; an
-//   HTTP error answer (4xx/5xx) raises `EngineRefusedError` carrying the engine's status, error kind
-//   and message (which names the offending field). Neither is retried.
+// - No answer (connection failure after the retries, a stall) raises `EngineUnreachableError` or
+//   `EngineStalledError`; an HTTP error answer (4xx/5xx) raises `EngineRefusedError` carrying the
+//   engine's status, error kind and message (which names the offending field). None is retried.
 import { Agent, fetch, type Response } from "undici";
 import type { z } from "zod";
-import { EngineError, EngineRefusedError, EngineUnreachableError } from "../errors.ts";
+import { EngineError, EngineRefusedError, EngineStalledError, EngineUnreachableError } from "../errors.ts";
 import type { CallOptions, ComputeEngine, Schemas } from "./compute.ts";
 import type { paths } from "./openapi.d.ts";
 import * as answers from "./responses.ts";
 
-export { EngineError, EngineRefusedError, EngineUnreachableError } from "../errors.ts";
+export { EngineError, EngineRefusedError, EngineStalledError, EngineUnreachableError } from "../errors.ts";
 export type { CallOptions, ComputeEngine, Schemas } from "./compute.ts";
 
 // Node's built-in fetch gives up on any answer that takes over 300 s to start (undici's
-// headersTimeout), and a long sample or training call on CPU can. Our own AbortSignal timeout is the
-// only limit we want, so this dispatcher has none of its own.
+// headersTimeout), and a long sample or training call on CPU can. The liveness watch is the only
+// limit we want, so this dispatcher has none of its own.
 const NO_IDLE_LIMITS = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 
 type Method = "get" | "post" | "delete";
@@ -40,8 +45,14 @@ export interface EngineClientOptions {
   url: string;
   /** Bearer token (the engine's MARFT_ENGINE_TOKEN). */
   token: string;
-  /** Default per-call timeout in ms (default 600 000: a long sample or training call on CPU). */
-  timeoutMs?: number;
+  /**
+   * A call fails when the engine shows no progress for this long (ms; default 300 000): no call or
+   * decode step finished and its compute thread used no CPU time. A slow engine that works never
+   * reaches it.
+   */
+  stallMs?: number;
+  /** How often the watcher asks /v1/health while calls are in flight (default min(5 s, stallMs / 4)). */
+  pollMs?: number;
   /** Retries after a connection failure (default 4), with backoff starting at `backoffMs` (default 200). */
   retries?: number;
   backoffMs?: number;
@@ -74,17 +85,32 @@ function errorCode(e: unknown): string | undefined {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** A call in flight that the liveness watcher may fail. */
+interface Watched {
+  endpoint: string;
+  started: number;
+  fail(e: EngineError): void;
+}
+
 export class EngineClient implements ComputeEngine {
   readonly url: string;
+  readonly stallMs: number;
   private readonly token: string;
-  private readonly timeoutMs: number;
+  private readonly pollMs: number;
   private readonly retries: number;
   private readonly backoffMs: number;
+  private readonly inFlight = new Set<Watched>();
+  private watcher: NodeJS.Timeout | undefined;
+  /** The engine's last progress counters, and when (performance.now()) they last moved. */
+  private seen: { beats: number; cpu: number } | undefined;
+  private progressAt = 0;
+  private polling = false;
 
   constructor(opts: EngineClientOptions) {
     this.url = opts.url.replace(/\/+$/, "");
     this.token = opts.token;
-    this.timeoutMs = opts.timeoutMs ?? 600_000;
+    this.stallMs = opts.stallMs ?? 300_000;
+    this.pollMs = opts.pollMs ?? Math.min(5000, this.stallMs / 4);
     this.retries = opts.retries ?? 4;
     this.backoffMs = opts.backoffMs ?? 200;
   }
@@ -189,10 +215,28 @@ export class EngineClient implements ComputeEngine {
     o: CallOptions,
   ): Promise<unknown> {
     const endpoint = `${method} ${path}`;
-    const timeoutMs = o.timeoutMs ?? this.timeoutMs;
     for (let attempt = 0; ; attempt++) {
-      const timeout = AbortSignal.timeout(timeoutMs);
-      const signal = o.signal ? AbortSignal.any([timeout, o.signal]) : timeout;
+      // A hard limit only where the caller gives one (short probes); every other call is watched.
+      const limit = o.timeoutMs === undefined ? undefined : AbortSignal.timeout(o.timeoutMs);
+      const watch = new AbortController();
+      const signal = AbortSignal.any([
+        watch.signal,
+        ...(limit ? [limit] : []),
+        ...(o.signal ? [o.signal] : []),
+      ]);
+      let failure: EngineError | undefined;
+      const watched: Watched | undefined =
+        limit === undefined
+          ? {
+              endpoint,
+              started: performance.now(),
+              fail: (e) => {
+                failure = e;
+                watch.abort();
+              },
+            }
+          : undefined;
+      if (watched) this.watch(watched);
       let res: Response;
       let text: string;
       try {
@@ -208,8 +252,9 @@ export class EngineClient implements ComputeEngine {
         });
         text = await res.text();
       } catch (e) {
-        if (timeout.aborted)
-          throw new EngineUnreachableError("timeout", `no answer within ${timeoutMs} ms`, endpoint);
+        if (failure) throw failure;
+        if (limit?.aborted)
+          throw new EngineUnreachableError("timeout", `no answer within ${o.timeoutMs} ms`, endpoint);
         if (o.signal?.aborted) throw new EngineError(0, "aborted", "the call was aborted", endpoint);
         const code = errorCode(e) ?? "unknown";
         const retryable = NOT_SENT.has(code) || (idempotent && MAYBE_SENT.has(code));
@@ -225,6 +270,8 @@ export class EngineClient implements ComputeEngine {
             (retryable || NOT_SENT.has(code) ? "" : "; not retried: the request may have reached the engine"),
           endpoint,
         );
+      } finally {
+        if (watched) this.unwatch(watched);
       }
       let json: unknown;
       try {
@@ -242,6 +289,81 @@ export class EngineClient implements ComputeEngine {
         );
       }
       return json;
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------------
+  // Liveness: one watcher for all calls in flight (a rollout has hundreds), polling /v1/health.
+
+  private watch(w: Watched): void {
+    if (this.inFlight.size === 0) this.progressAt = performance.now();
+    this.inFlight.add(w);
+    if (this.watcher === undefined) {
+      this.watcher = setInterval(() => void this.poll(), this.pollMs);
+      this.watcher.unref(); // the calls keep the process alive, not their watcher
+    }
+  }
+
+  private unwatch(w: Watched): void {
+    this.inFlight.delete(w);
+    if (this.inFlight.size === 0 && this.watcher !== undefined) {
+      clearInterval(this.watcher);
+      this.watcher = undefined;
+      this.seen = undefined;
+    }
+  }
+
+  private async poll(): Promise<void> {
+    if (this.polling) return; // the previous poll is still waiting for its answer
+    this.polling = true;
+    try {
+      const h = await this.probe();
+      const now = performance.now();
+      if (h === "gone") {
+        for (const w of [...this.inFlight]) {
+          w.fail(
+            new EngineUnreachableError(
+              "connection",
+              `the engine at ${this.url} stopped accepting connections while this call waited`,
+              w.endpoint,
+            ),
+          );
+        }
+        return;
+      }
+      if (h !== "no answer") {
+        const p = h.progress;
+        // an engine that reports no progress counters (an older one) counts as alive when it answers
+        const moved =
+          !p || !this.seen || p.beats !== this.seen.beats || p.compute_cpu_seconds - this.seen.cpu >= 0.01;
+        if (p) this.seen = { beats: p.beats, cpu: p.compute_cpu_seconds };
+        if (moved) this.progressAt = now;
+      }
+      for (const w of [...this.inFlight]) {
+        const idle = now - Math.max(w.started, this.progressAt);
+        if (idle > this.stallMs) {
+          const answered = h === "no answer" ? "it does not answer /v1/health" : "it answers /v1/health";
+          w.fail(new EngineStalledError(w.endpoint, idle / 1000, this.stallMs / 1000, answered));
+        }
+      }
+    } finally {
+      this.polling = false;
+    }
+  }
+
+  /** One health request, no retries: the answer, "gone" (connection refused), or "no answer". */
+  private async probe(): Promise<Schemas["Health"] | "gone" | "no answer"> {
+    try {
+      const res = await fetch(`${this.url}/v1/health`, {
+        dispatcher: NO_IDLE_LIMITS,
+        headers: { authorization: `Bearer ${this.token}` },
+        signal: AbortSignal.timeout(Math.max(this.pollMs, Math.min(this.stallMs, 30_000))),
+      });
+      const text = await res.text();
+      if (!res.ok) return "no answer";
+      return JSON.parse(text) as Schemas["Health"];
+    } catch (e) {
+      return NOT_SENT.has(errorCode(e) ?? "") ? "gone" : "no answer";
     }
   }
 }

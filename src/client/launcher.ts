@@ -41,17 +41,22 @@ export interface LocalEngineOptions {
   maxBatch?: number;
   /** How long to wait for the ready line and health (default 180 s: first imports are slow). */
   startTimeoutMs?: number;
-  /** Per-call timeout of the returned client. */
-  timeoutMs?: number;
+  /** The returned client's stall limit (EngineClientOptions.stallMs). */
+  stallMs?: number;
+  /** Every checkpoint path must lie in this directory (the engine's --checkpoint-root; default: the
+   * engine's ./runs). A trainer passes its run directory's parent. */
+  checkpointRoot?: string;
 }
 
 export interface RemoteEngineOptions {
   url: string;
   token: string;
-  timeoutMs?: number;
+  stallMs?: number;
 }
 
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+/** Where a local engine runs (its relative paths, e.g. of `hf:` sources, are taken from here). */
+export const ENGINE_CWD = REPO_ROOT;
 
 /** The last `lines` lines of a log file, for error messages. */
 export function logTail(file: string, lines = 30): string {
@@ -109,7 +114,7 @@ function unhook(): void {
 
 /** Connects to an engine that runs elsewhere (e.g. a GPU server); checks its health. */
 export async function connectEngine(opts: RemoteEngineOptions): Promise<Engine> {
-  const client = new EngineClient({ url: opts.url, token: opts.token, timeoutMs: opts.timeoutMs });
+  const client = new EngineClient({ url: opts.url, token: opts.token, stallMs: opts.stallMs });
   await client.health({ timeoutMs: 30_000 });
   return { client, url: client.url, token: opts.token, stop: async () => {}, process: null };
 }
@@ -129,6 +134,7 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   const args = ["-m", "marft_engine.server", "--host", "127.0.0.1", "--port", "0"];
   args.push("--parent-pid", String(process.pid), "--device", opts.device ?? "auto");
   if (opts.maxBatch !== undefined) args.push("--max-batch", String(opts.maxBatch));
+  if (opts.checkpointRoot !== undefined) args.push("--checkpoint-root", resolve(opts.checkpointRoot));
   let child: ChildProcess;
   try {
     child = spawn(python, args, {
@@ -189,7 +195,7 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   });
   if (url instanceof Error) return fail(url.message);
 
-  const client = new EngineClient({ url, token, timeoutMs: opts.timeoutMs });
+  const client = new EngineClient({ url, token, stallMs: opts.stallMs });
   try {
     await client.health({ timeoutMs: Math.min(startTimeoutMs, 30_000) });
   } catch (e) {
@@ -202,6 +208,9 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
 
   const stop = async (graceMs = 10_000): Promise<void> => {
     if (child.exitCode !== null || child.signalCode !== null) return;
+    // Waiting for the exit must keep this process alive: an unref'd child's exit does not, and Node
+    // would leave with code 13 (an unsettled await) before the caller can print why it stopped.
+    child.ref();
     child.kill("SIGTERM");
     const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);
     await exited;

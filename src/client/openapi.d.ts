@@ -256,7 +256,7 @@ export interface components {
         BaseCreate: {
             /**
              * Dtype
-             * @description auto: float32 on CPU, bfloat16 autocast on GPU; bfloat16: also on CPU, where every pass runs under bf16 autocast (fast with AVX512_BF16 or AMX), with linear weights stored bf16 and decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.
+             * @description auto: bfloat16 on a GPU, and on a CPU only where it has native bf16 instructions (the avx512_bf16 or amx_bf16 flag), else float32; BaseInfo.dtype_reason says which applied. bfloat16 on a CPU: every pass runs under bf16 autocast, with linear weights stored bf16 and decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.
              * @default auto
              * @enum {string}
              */
@@ -286,6 +286,11 @@ export interface components {
             device: string;
             /** Dtype */
             dtype: string;
+            /**
+             * Dtype Reason
+             * @description why this dtype: requested, or what auto saw on this device
+             */
+            dtype_reason: string;
             /** Eos Token Ids */
             eos_token_ids: number[];
             /** Name */
@@ -323,7 +328,7 @@ export interface components {
             adapters?: string[] | null;
             /**
              * Path
-             * @description a directory; written to a temporary sibling and renamed into place
+             * @description a directory inside the engine's checkpoint root (a relative path is taken from the root); written to a temporary sibling and renamed into place. A save replaces an existing directory only if it is a MARFT checkpoint.
              */
             path: string;
         };
@@ -493,6 +498,8 @@ export interface components {
         Health: {
             /** Device */
             device: string;
+            /** @description null from an app with no engine behind it */
+            progress?: components["schemas"]["Progress"] | null;
             /**
              * Status
              * @constant
@@ -635,6 +642,22 @@ export interface components {
              * @enum {string}
              */
             sequence_logprob?: "sum" | "mean";
+        };
+        /**
+         * Progress
+         * @description What a client watches while a long call runs: it is making progress while either moves.
+         */
+        Progress: {
+            /**
+             * Beats
+             * @description calls and decode steps the compute thread has finished
+             */
+            beats: number;
+            /**
+             * Compute Cpu Seconds
+             * @description CPU time the compute thread has used
+             */
+            compute_cpu_seconds: number;
         };
         /** SampleBatch */
         SampleBatch: {
@@ -834,6 +857,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -914,6 +946,15 @@ export interface operations {
             };
             /** @description Missing or wrong bearer token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1006,6 +1047,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -1082,6 +1132,15 @@ export interface operations {
             };
             /** @description Missing or wrong bearer token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1176,6 +1235,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -1256,6 +1324,15 @@ export interface operations {
             };
             /** @description Missing or wrong bearer token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1350,6 +1427,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -1430,6 +1516,15 @@ export interface operations {
             };
             /** @description Missing or wrong bearer token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1524,6 +1619,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -1600,6 +1704,15 @@ export interface operations {
             };
             /** @description Missing or wrong bearer token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1694,6 +1807,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -1781,6 +1903,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Unknown base or adapter */
             404: {
                 headers: {
@@ -1857,6 +1988,15 @@ export interface operations {
             };
             /** @description Missing or wrong bearer token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,5 +1,6 @@
 // Loading a run config: YAML -> `--set` overrides -> validation, and the resolved config back as YAML.
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
+import { resolve } from "node:path";
 import { parse as parseYaml, parseDocument, stringify as stringifyYaml } from "yaml";
 import { ConfigError } from "../errors.ts";
 import { errorMap, issueLines } from "../fields.ts";
@@ -88,4 +89,30 @@ export function loadRunConfig(file: string, sets: string[] = []): RunConfig {
 /** The resolved config (defaults filled in) as YAML, for runs/<name>/config.yaml. */
 export function configToYaml(c: RunConfig): string {
   return stringifyYaml(c, { lineWidth: 0 });
+}
+
+/**
+ * The local files a config's bases name (`hf:<dir>`, `gguf:<file>`), checked before an engine
+ * starts or a run directory is made; a relative path is taken from `engineCwd`, as the engine takes
+ * it. Only for an engine on this machine: a remote engine's paths are on its own disk.
+ */
+export function checkBaseFiles(c: RunConfig, source: string, engineCwd: string): void {
+  const issues: string[] = [];
+  for (const [name, b] of Object.entries(c.bases)) {
+    const m = /^(hf|gguf):(.+)$/.exec(b.source);
+    if (!m) continue;
+    const path = resolve(engineCwd, m[2]!);
+    const wanted = m[1] === "hf" ? "directory" : "file";
+    let found: "directory" | "file" | undefined;
+    try {
+      found = statSync(path).isDirectory() ? "directory" : "file";
+    } catch {
+      found = undefined;
+    }
+    if (found !== wanted)
+      issues.push(
+        `bases.${name}.source: ${b.source}: ${found ? `${path} is a ${found}, not a ${wanted}` : `no such ${wanted} ${path}`}`,
+      );
+  }
+  if (issues.length > 0) throw new ConfigError(source, issues);
 }

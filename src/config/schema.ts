@@ -5,6 +5,7 @@
 import { z } from "zod";
 import { TaskSchema } from "../envs/tasks.ts";
 import { name, nonNegInt, nonNegNum, posInt, posNum, unit } from "../fields.ts";
+import { findCycle } from "../flexmg/graph.ts";
 
 const Engine = z
   .strictObject({
@@ -21,6 +22,11 @@ const Engine = z
     threads: posInt()
       .optional()
       .describe("torch CPU threads of a locally started engine (default: torch's choice)"),
+    stallSeconds: posNum()
+      .default(300)
+      .describe(
+        "a call fails when the engine shows no progress for this long: no call or decode step finished and its compute thread used no CPU time (a slow engine that works never fails)",
+      ),
   })
   .describe("where the compute engine runs");
 
@@ -33,7 +39,7 @@ const Base = z
       .enum(["auto", "float32", "bfloat16"])
       .default("auto")
       .describe(
-        "auto: float32 on CPU, bf16 autocast on GPU; bfloat16: bf16 on either (fast on CPUs with AVX512_BF16/AMX)",
+        "auto: bf16 on a GPU, and on a CPU only where it has native bf16 (AVX512_BF16 or AMX), else float32; bfloat16: bf16 on either; float32: exact sample/forward parity (the tests' choice)",
       ),
     seed: nonNegInt().default(0).describe("seed of a random-init (tiny:) base"),
   })
@@ -407,7 +413,20 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
           });
       });
     });
-  if (c.graph.kind === "edges") knownIds(c.graph.edges, ["graph", "edges"]);
+  if (c.graph.kind === "edges") {
+    knownIds(c.graph.edges, ["graph", "edges"]);
+    const cycle = findCycle(
+      c.agents.map((a) => a.id),
+      c.graph.edges,
+    );
+    if (cycle)
+      ctx.addIssue({
+        code: "custom",
+        path: ["graph", "edges"],
+        message: `the graph has a cycle ${cycle.join(" -> ")}; an agent cannot see an action that depends on its own`,
+        input: c.graph.edges,
+      });
+  }
   knownIds(c.train.turns ?? [], ["train", "turns"]);
   if (Array.isArray(c.algo.normalize)) {
     c.algo.normalize.forEach((id, k) => {

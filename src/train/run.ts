@@ -1,10 +1,14 @@
-// A training run end to end: the run directory, the engine (started, restored, restarted after a
-// crash), resume, the loop, evaluation, checkpoints and the summary.
+// A training run end to end: the run directory (locked while it runs), the engine (started, restored,
+// restarted after a crash), resume, the loop, evaluation, checkpoints and the summary.
+//
+// Every way out settles: a failure after the run has begun is a RunStoppedError that says what went
+// wrong, where the last checkpoint is and how to continue; the engine is stopped and the lock
+// released on every path.
 import { join } from "node:path";
 import type { ComputeEngine } from "../client/compute.ts";
 import { configToYaml } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
-import { EngineUnreachableError } from "../errors.ts";
+import { EngineUnreachableError, MarftError, RunStoppedError } from "../errors.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import type { EvalResult } from "./evaluate.ts";
 import type { MetricsRow, ProgressEvent } from "./phases.ts";
@@ -17,6 +21,8 @@ import { WatchFiles } from "./watch.ts";
 export interface EngineHandle {
   client: ComputeEngine;
   stop(): Promise<void>;
+  /** The process of a local engine (recorded in the run's lock); absent for a remote one. */
+  pid?: number;
 }
 
 export interface TrainOptions {
@@ -83,21 +89,43 @@ async function engineDown(engine: ComputeEngine, e: unknown): Promise<boolean> {
 
 /** Train a run end to end: run directory, engine setup, resume, the loop, eval, checkpoints, summary. */
 export async function train(opts: TrainOptions): Promise<Summary> {
+  const log = opts.log ?? (() => {});
+  const run = new RunDir(opts.runDir);
+  // Before anything starts: a new run must not land on an old one (a locked one is refused below).
+  if (!opts.resume && (run.listCheckpoints().length > 0 || run.metricsLineCount() > 0)) {
+    throw new MarftError(
+      `${run.root} already holds a run: resume it with --resume ${run.root}, or choose another name`,
+    );
+  }
+  const release = await run.lock(log);
+  try {
+    const removed = run.removeLeftovers();
+    if (removed.length > 0)
+      log(`removed ${removed.length} temporary file(s) an interrupted trainer left: ${removed.join(", ")}`);
+    writeFileAtomic(run.configPath, configToYaml(opts.config));
+    return await trainLocked(opts, run);
+  } finally {
+    release();
+  }
+}
+
+async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
   const c = opts.config;
   const log = opts.log ?? (() => {});
   const onProgress = opts.onProgress ?? (() => {});
-  const run = new RunDir(opts.runDir);
   const watch = new WatchFiles(run, c);
   const t0 = performance.now();
   let handle = await opts.connect();
+  run.recordEngine(handle.pid);
   let restarts = 0;
 
   /** Set up a fresh engine and bring it (and the trainer state) to the latest checkpoint, if any. */
-  const restore = async (client: ComputeEngine, required: boolean): Promise<TrainerState | undefined> => {
+  const restore = async (client: ComputeEngine): Promise<TrainerState | undefined> => {
     await setupEngine(client, c);
     const ckpt = run.latestCheckpoint();
     if (!ckpt) {
-      if (required) throw new Error(`${run.root}: no complete checkpoint to resume from`);
+      run.truncateMetrics(0);
+      watch.rewind(0);
       return undefined;
     }
     await client.loadCheckpoint({ path: join(ckpt.path, "engine") });
@@ -106,24 +134,22 @@ export async function train(opts: TrainOptions): Promise<Summary> {
     return ckpt.state;
   };
 
-  let state: TrainerState | undefined;
-  if (opts.resume) {
-    state = await restore(handle.client, true);
-    log(`resuming ${run.root} from iteration ${state!.iteration}`);
-  } else {
-    if (run.listCheckpoints().length > 0 || run.metricsLineCount() > 0) {
-      throw new Error(
-        `${run.root} already holds a run: resume it with --resume ${run.root}, or choose another name`,
-      );
+  let trainer: Trainer;
+  try {
+    let state: TrainerState | undefined;
+    if (opts.resume) {
+      state = await restore(handle.client);
+      if (state) log(`resuming ${run.root} from iteration ${state.iteration}`);
+      else log(`${run.root} has no complete checkpoint: starting the run from the beginning`);
+    } else {
+      await setupEngine(handle.client, c);
     }
-    run.create();
-    await setupEngine(handle.client, c);
+    trainer = new Trainer(c, opts.suite, handle.client, { state, log, onProgress });
+    await trainer.syncVersions();
+  } catch (e) {
+    await handle.stop().catch(() => {});
+    throw e;
   }
-  run.create();
-  writeFileAtomic(run.configPath, configToYaml(c));
-
-  let trainer = new Trainer(c, opts.suite, handle.client, { state, log, onProgress });
-  await trainer.syncVersions();
   const summary: Summary = {
     name: c.name,
     iterations: 0,
@@ -179,13 +205,10 @@ export async function train(opts: TrainOptions): Promise<Summary> {
         log(`the engine died during iteration ${it + 1} (${(e as Error).message}); restarting it`);
         await handle.stop().catch(() => {});
         handle = await opts.connect();
-        const restored = await restore(handle.client, false);
+        run.recordEngine(handle.pid);
+        const restored = await restore(handle.client);
         if (restored) log(`continuing from the checkpoint at iteration ${restored.iteration}`);
-        else {
-          log("no checkpoint yet: starting over from iteration 0");
-          run.truncateMetrics(0);
-          watch.rewind(0);
-        }
+        else log("no checkpoint yet: starting over from iteration 0");
         const tokens = trainer.tokensSampled;
         trainer = new Trainer(c, opts.suite, handle.client, { state: restored, log, onProgress });
         trainer.tokensSampled = tokens;
@@ -215,6 +238,10 @@ export async function train(opts: TrainOptions): Promise<Summary> {
     }
     summary.iterations = trainer.state.iteration;
     await checkpoint();
+  } catch (e) {
+    // The cause, then where the run can continue from.
+    const reason = e instanceof Error ? e : new Error(String(e));
+    throw new RunStoppedError(reason, run.root, run.latestCheckpointInfo());
   } finally {
     summary.engineRestarts = restarts;
     summary.tokensSampled = trainer.tokensSampled;

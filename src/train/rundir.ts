@@ -1,8 +1,10 @@
 // The run directory (DESIGN §6):
 //   runs/<name>/config.yaml  metrics.jsonl  transcripts.jsonl  engine.log  checkpoints/iter_<n>/
-//               checkpoints/latest  summary.json  report.html  tensorboard/
+//               checkpoints/latest  summary.json  report.html  tensorboard/  trainer.lock (while a trainer uses it)
 // Checkpoints are written to a temporary directory and renamed into place, and `latest` is replaced
-// atomically, so a crash at any moment leaves either the old or the new checkpoint, never half of one.
+// atomically, so a crash at any moment leaves either the old or the new checkpoint, never half of one;
+// what a crash leaves behind (temporary directories and files, a torn last metrics line) is cleared
+// by the next trainer, which holds the directory's lock while it runs.
 import { randomBytes } from "node:crypto";
 import {
   appendFileSync,
@@ -17,9 +19,10 @@ import {
   rmSync,
   writeFileSync,
 } from "node:fs";
+import { hostname } from "node:os";
 import { join, resolve } from "node:path";
 import { z } from "zod";
-import { DataError } from "../errors.ts";
+import { DataError, RunLockedError } from "../errors.ts";
 import type { RngState } from "../rng.ts";
 import type { MetricsRow } from "./phases.ts";
 
@@ -79,6 +82,9 @@ export class RunDir {
   get summaryPath(): string {
     return join(this.root, "summary.json");
   }
+  get lockPath(): string {
+    return join(this.root, "trainer.lock");
+  }
   checkpointPath(iteration: number): string {
     return join(this.checkpointsDir, `iter_${iteration}`);
   }
@@ -87,28 +93,42 @@ export class RunDir {
     mkdirSync(this.checkpointsDir, { recursive: true });
   }
 
+  /**
+   * One line per iteration. A non-finite value (the mean of nothing, say) is left out of the line,
+   * as metrics that do not apply to an iteration are: JSON would write it as null, and a line of
+   * metrics.jsonl that is not all numbers stops every later reader, resume among them.
+   */
   appendMetrics(row: MetricsRow): void {
-    appendFileSync(this.metricsPath, `${JSON.stringify(row)}\n`);
+    const finite = Object.fromEntries(Object.entries(row).filter(([, v]) => Number.isFinite(v)));
+    appendFileSync(this.metricsPath, `${JSON.stringify(finite)}\n`);
+  }
+
+  /**
+   * The complete lines of metrics.jsonl. A last line without its newline is the torn end of an
+   * append a crash cut short: not a line (the next trainer truncates it away).
+   */
+  private metricsText(): string[] {
+    if (!existsSync(this.metricsPath)) return [];
+    const lines = readFileSync(this.metricsPath, "utf8").split("\n");
+    lines.pop(); // what follows the last newline: "" for a whole file, else the torn line
+    return lines;
   }
 
   /** The metrics rows (each a flat object of numbers); a line that is not one names the file and line. */
   readMetrics(): MetricsRow[] {
-    if (!existsSync(this.metricsPath)) return [];
     const rows: MetricsRow[] = [];
-    readFileSync(this.metricsPath, "utf8")
-      .split("\n")
-      .forEach((l, i) => {
-        if (l.trim() === "") return;
-        let value: unknown;
-        try {
-          value = JSON.parse(l);
-        } catch (e) {
-          throw new DataError(`${this.metricsPath}:${i + 1}: not JSON (${(e as Error).message})`);
-        }
-        const r = MetricsRowSchema.safeParse(value);
-        if (!r.success) throw new DataError(`${this.metricsPath}:${i + 1}: not a metrics row of numbers`);
-        rows.push(r.data);
-      });
+    this.metricsText().forEach((l, i) => {
+      if (l.trim() === "") return;
+      let value: unknown;
+      try {
+        value = JSON.parse(l);
+      } catch (e) {
+        throw new DataError(`${this.metricsPath}:${i + 1}: not JSON (${(e as Error).message})`);
+      }
+      const r = MetricsRowSchema.safeParse(value);
+      if (!r.success) throw new DataError(`${this.metricsPath}:${i + 1}: not a metrics row of numbers`);
+      rows.push(r.data);
+    });
     return rows;
   }
 
@@ -116,10 +136,102 @@ export class RunDir {
     return this.readMetrics().length;
   }
 
-  /** Keep the first n lines (the ones a checkpoint vouches for); later lines are replayed. */
+  /** Keep the first n lines (the ones a checkpoint vouches for); later and torn lines go. */
   truncateMetrics(n: number): void {
-    const kept = this.readMetrics().slice(0, n);
-    writeFileAtomic(this.metricsPath, kept.map((r) => `${JSON.stringify(r)}\n`).join(""));
+    const rows = this.readMetrics();
+    if (rows.length < n)
+      throw new DataError(`${this.metricsPath}: ${rows.length} lines, but the checkpoint vouches for ${n}`);
+    writeFileAtomic(
+      this.metricsPath,
+      rows
+        .slice(0, n)
+        .map((r) => `${JSON.stringify(r)}\n`)
+        .join(""),
+    );
+  }
+
+  /**
+   * Remove what an interrupted trainer left: temporary checkpoint directories and the temporary
+   * files of atomic writes. Only while holding the lock (nobody else writes them then). Returns
+   * their names.
+   */
+  removeLeftovers(): string[] {
+    const removed: string[] = [];
+    for (const dir of [this.root, this.checkpointsDir]) {
+      if (!existsSync(dir)) continue;
+      for (const n of readdirSync(dir)) {
+        if (n.startsWith(".tmp-") || /\.tmp-/.test(n)) {
+          rmSync(join(dir, n), { recursive: true, force: true });
+          removed.push(join(dir, n));
+        }
+      }
+    }
+    return removed;
+  }
+
+  // -------------------------------------------------------------------------------------------------
+  // The lock: one trainer per run directory.
+
+  /**
+   * Take the run directory for this process; a live holder is refused with RunLockedError naming
+   * its PID. A lock whose holder is gone (killed) is stale: its engine, if still running, is stopped
+   * (it may still be writing a checkpoint), then the lock is taken over. Returns the release.
+   */
+  async lock(log: (line: string) => void = () => {}): Promise<() => void> {
+    this.create();
+    const mine: LockInfo = { pid: process.pid, started: processStart(process.pid), host: hostname() };
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const fd = openSync(this.lockPath, "wx");
+        try {
+          writeFileSync(fd, `${JSON.stringify(mine)}\n`);
+          fsyncSync(fd);
+        } finally {
+          closeSync(fd);
+        }
+        break;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== "EEXIST" || attempt > 0) throw e;
+      }
+      const holder = this.lockHolder();
+      if (holder && holderAlive(holder)) {
+        throw new RunLockedError(
+          `${this.root} is in use by another trainer (PID ${holder.pid} on ${holder.host}); ` +
+            `wait for it to finish, or stop it (kill ${holder.pid}) and resume`,
+        );
+      }
+      if (holder?.enginePid !== undefined && (await stopOrphanEngine(holder.enginePid)))
+        log(`stopped engine ${holder.enginePid}, left running by trainer ${holder.pid}, which is gone`);
+      rmSync(this.lockPath, { force: true });
+    }
+    const release = () => {
+      if (this.lockHolder()?.pid === process.pid) rmSync(this.lockPath, { force: true });
+      process.off("exit", release);
+    };
+    process.on("exit", release);
+    return release;
+  }
+
+  /** Note the engine this trainer started in its lock, so that a successor can stop an orphan. */
+  recordEngine(enginePid: number | undefined): void {
+    const holder = this.lockHolder();
+    if (holder?.pid !== process.pid) return;
+    writeFileAtomic(this.lockPath, `${JSON.stringify({ ...holder, enginePid })}\n`);
+  }
+
+  private lockHolder(): LockInfo | undefined {
+    try {
+      const v = JSON.parse(readFileSync(this.lockPath, "utf8")) as Partial<LockInfo>;
+      if (typeof v.pid !== "number") return undefined;
+      return {
+        pid: v.pid,
+        started: typeof v.started === "string" ? v.started : undefined,
+        host: typeof v.host === "string" ? v.host : "",
+        ...(typeof v.enginePid === "number" ? { enginePid: v.enginePid } : {}),
+      };
+    } catch {
+      return undefined; // missing, or torn by a crash while being written: nobody's
+    }
   }
 
   /**
@@ -204,6 +316,12 @@ export class RunDir {
     return { path, state };
   }
 
+  /** Where the latest complete checkpoint is, for messages. */
+  latestCheckpointInfo(): { path: string; iteration: number } | undefined {
+    const c = this.latestCheckpoint();
+    return c ? { path: c.path, iteration: c.state.iteration } : undefined;
+  }
+
   private prune(keep: number): void {
     const all = this.listCheckpoints();
     for (const c of all.slice(0, Math.max(0, all.length - keep)))
@@ -213,4 +331,60 @@ export class RunDir {
       if (n.startsWith(".tmp-")) rmSync(join(this.checkpointsDir, n), { recursive: true, force: true });
     }
   }
+}
+
+interface LockInfo {
+  pid: number;
+  /** The process's start time (from /proc), so that a reused PID is not taken for the holder. */
+  started: string | undefined;
+  host: string;
+  enginePid?: number;
+}
+
+/** Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); undefined off Linux. */
+function processStart(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  } catch {
+    return undefined;
+  }
+}
+
+function holderAlive(h: LockInfo): boolean {
+  if (h.host !== hostname()) return true; // another machine's process: we cannot tell, so it is
+  try {
+    process.kill(h.pid, 0);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ESRCH") return false;
+  }
+  const started = processStart(h.pid);
+  return h.started === undefined || started === undefined || started === h.started;
+}
+
+/** SIGKILL an engine a dead trainer left (it exits by itself soon, but may be writing until then). */
+async function stopOrphanEngine(pid: number): Promise<boolean> {
+  let cmdline = "";
+  try {
+    cmdline = readFileSync(`/proc/${pid}/cmdline`, "utf8");
+  } catch {
+    return false;
+  }
+  if (!cmdline.includes("marft_engine.server")) return false;
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    return false;
+  }
+  for (let i = 0; i < 100; i++) {
+    let state: string | undefined;
+    try {
+      state = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0];
+    } catch {
+      break; // gone
+    }
+    if (state === "Z") break; // dead; init reaps it
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return true;
 }

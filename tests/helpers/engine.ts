@@ -59,7 +59,7 @@ export function useEngine(opts: { maxBatch?: number } = {}): TestEngine {
 
 /** Loads the tiny random-init base (`tiny:llama`) under `name`. */
 export function createTinyBase(client: EngineClient, name = "tiny", seed = 0): Promise<Schemas["BaseInfo"]> {
-  return client.createBase({ name, source: "tiny:llama", seed });
+  return client.createBase({ name, source: "tiny:llama", seed, dtype: "float32" });
 }
 
 /** A policy adapter on `base` with a learning rate that moves a random-init tiny model quickly. */

@@ -60,6 +60,7 @@ export class FakeEngine implements ComputeEngine {
       pad_token_id: 0,
       device: "cpu",
       dtype: body.dtype === "bfloat16" ? "bfloat16" : "float32",
+      dtype_reason: body.dtype === "bfloat16" || body.dtype === "float32" ? "requested" : "auto: fake",
     };
     this.bases.set(body.name, info);
     return info;

@@ -16,6 +16,8 @@
 // - a fresh pid namespace and /proc: the program sees only its own processes, and when it exits (or
 //   is killed) the kernel kills everything it left behind (fork bombs);
 // - RLIMIT_CPU (timeout), RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE, no core;
+// - the memory limit for the program and its children together: a memory cgroup per run, or where
+//   none can be made, the wrapper's accounting of their Pss (memory.ts);
 // - a cleared environment (PATH=/usr/bin:/bin, HOME=TMPDIR=work dir) and python's isolated mode;
 // - a wall-clock timeout that SIGKILLs the whole process group (unshare's --kill-child takes the
 //   namespace down with it), and stdout/stderr capped (truncated, killed, and said so).
@@ -32,6 +34,7 @@ import { chown, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { closeRunCgroup, type MemoryCgroup, type MemoryMode, makeRunCgroup, memoryMode } from "./memory.ts";
 
 export type SandboxStatus = "ok" | "error" | "timeout" | "memory" | "output_limit" | "killed";
 export type IsolationMode = "root" | "userns" | "none";
@@ -42,7 +45,7 @@ export interface SandboxOptions {
   stdin?: string;
   /** Wall-clock limit; the CPU-time limit is the same number of seconds, rounded up. */
   timeoutMs: number;
-  /** Address-space limit of the program (RLIMIT_AS). */
+  /** Memory of the program and all its children together (and RLIMIT_AS of each process). */
   memoryMb: number;
   /** Cap per stream (stdout, stderr); past it the program is killed. Default 64 KiB. */
   maxOutputBytes?: number;
@@ -68,6 +71,10 @@ export interface SandboxResult {
   /** True when stdout or stderr was cut at maxOutputBytes (the text also says so at its end). */
   truncated: boolean;
   isolation: IsolationMode;
+  /** How the memory limit was enforced: a cgroup, or the wrapper's accounting (memory.ts). */
+  memoryMode: MemoryMode;
+  /** Peak memory of the program and its children together (cgroup: charged; accounting: Pss). */
+  memoryPeakBytes: number;
 }
 
 /** The sandbox itself could not be built: an infrastructure failure, never the program's fault. */
@@ -201,7 +208,10 @@ async function runIn(iso: Isolation, opts: SandboxOptions): Promise<SandboxResul
   // A uid of its own needs root outside a user namespace (inside one, only uid 0 is mapped).
   const uid = process.getuid?.() === 0 && iso.mode !== "userns" ? takeUid() : null;
   const workdir = await mkdtemp(join(tmpdir(), "marft-sbx-"));
+  const memory = memoryMode().mode;
+  let cgroup: MemoryCgroup | undefined;
   try {
+    if (memory === "cgroup") cgroup = makeRunCgroup(opts.memoryMb);
     await writeFile(join(workdir, "main.py"), opts.code);
     // Without a private tmpfs the program writes into the work dir itself, as its own uid.
     if (iso.mode === "none" && uid !== null) await chown(workdir, uid, uid);
@@ -216,6 +226,8 @@ async function runIn(iso: Isolation, opts: SandboxOptions): Promise<SandboxResul
       uid,
       isolate_fs: iso.mode !== "none",
       userns: iso.mode === "userns",
+      memory_mode: memory,
+      cgroup_dir: cgroup?.dir ?? null,
     });
     const wrapper = [iso.python, "-I", "-S", WRAPPER, config];
     const [cmd, ...args] =
@@ -224,8 +236,14 @@ async function runIn(iso: Isolation, opts: SandboxOptions): Promise<SandboxResul
         : iso.mode === "userns"
           ? ["unshare", ...UNSHARE_USER, ...wrapper]
           : wrapper;
-    return await execute(cmd!, args, opts, maxOutput, iso.mode);
+    const r = await execute(cmd!, args, opts, maxOutput, iso.mode);
+    if (!cgroup || r.memoryMode !== "cgroup") return r;
+    const seen = await closeRunCgroup(cgroup);
+    cgroup = undefined;
+    const status = seen.oomKills > 0 && r.status !== "ok" && r.status !== "timeout" ? "memory" : r.status;
+    return { ...r, status, memoryPeakBytes: seen.peakBytes };
   } finally {
+    if (cgroup) await closeRunCgroup(cgroup);
     if (uid !== null) uidsInUse.delete(uid);
     await rm(workdir, { recursive: true, force: true });
   }
@@ -236,6 +254,9 @@ interface Report {
   signal?: number | null;
   cpu_s?: number;
   maxrss_kb?: number;
+  memory_mode?: MemoryMode;
+  memory_exceeded?: boolean;
+  peak_kb?: number;
   setup_error?: string;
 }
 
@@ -333,6 +354,7 @@ function execute(
       else if (timedOut || report?.signal === 24 || (report?.signal === 9 && (report.cpu_s ?? 0) >= cpuLimit))
         status = "timeout";
       else if (aborted) status = "killed";
+      else if (report?.memory_exceeded) status = "memory";
       else if (report?.exit === 0) status = "ok";
       else if (
         MEMORY_PATTERN.test(stderr) ||
@@ -350,6 +372,8 @@ function execute(
         wallMs,
         truncated: out.stdout.truncated || out.stderr.truncated,
         isolation: mode,
+        memoryMode: report?.memory_mode ?? "accounting",
+        memoryPeakBytes: (report?.peak_kb ?? 0) * 1024,
       });
     });
   });

@@ -7,10 +7,16 @@ fresh pid namespace: when it exits, the kernel kills every process the program l
 Standard library only (no site, no venv): it must run under any python3 on the machine.
 
 Config (JSON): workdir, python, timeout_s, memory_mb, file_mb, disk_mb, nproc, uid (int or null),
-isolate_fs (bool), userns (bool).
+isolate_fs (bool), userns (bool), memory_mode ("cgroup" | "accounting"), cgroup_dir (str or null).
 Report (one JSON line on fd 3): {"exit": int|null, "signal": int|null, "cpu_s": float,
-"maxrss_kb": int} or {"setup_error": "..."} when the sandbox could not be built (an infrastructure
-failure, never the program's fault).
+"maxrss_kb": int, "memory_mode": str, "memory_exceeded": bool, "peak_kb": int} or
+{"setup_error": "..."} when the sandbox could not be built (an infrastructure failure, never the
+program's fault).
+
+The memory limit covers the program and all its children together (src/envs/code/memory.ts): in
+"cgroup" mode this process joins the run's memory cgroup before it forks the program, so the
+kernel charges and limits them all; in "accounting" mode it sums their Pss every 10 ms and kills
+them all past the limit.
 """
 
 import ctypes
@@ -19,6 +25,7 @@ import os
 import resource
 import signal
 import sys
+import time
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -208,8 +215,84 @@ def child(cfg: dict) -> None:
         os._exit(126)
 
 
+ACCOUNTING_INTERVAL_S = 0.01
+
+
+def join_cgroup(cgroup_dir: str) -> bool:
+    """Move this process into the run's cgroup (before the mounts go read-only and before the fork:
+    everything forked from here on is charged to it). False if the kernel refuses."""
+    try:
+        with open(os.path.join(cgroup_dir, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    except OSError:
+        return False
+
+
+def run_pids(program: int, own_pid_namespace: bool) -> list[int]:
+    """The program's processes: everything but us in our own pid namespace, else its descendants."""
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    if own_pid_namespace:
+        return [p for p in pids if p != os.getpid()]
+    parent: dict[int, int] = {}
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parent[p] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    found, frontier = {program}, [program]
+    while frontier:
+        frontier = [c for c, pp in parent.items() if pp in frontier and c not in found]
+        found.update(frontier)
+    return sorted(found)
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size (shared pages split among their users), else the resident set."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def wait_accounting(pid: int, cfg: dict) -> tuple[int, resource.struct_rusage, bool, int]:
+    """Wait for the program, killing all its processes once their memory together passes the limit.
+    Returns (status, usage, exceeded, peak kB)."""
+    limit_kb = cfg["memory_mb"] * 1024
+    peak, exceeded = 0, False
+    while True:
+        try:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+        except InterruptedError:
+            continue
+        if done:
+            return status, usage, exceeded, peak
+        pids = run_pids(pid, cfg["isolate_fs"])
+        total = sum(pss_kb(p) for p in pids)
+        peak = max(peak, total)
+        if total > limit_kb and not exceeded:
+            exceeded = True
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(ACCOUNTING_INTERVAL_S)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    if cfg.get("memory_mode") == "cgroup" and not join_cgroup(cfg["cgroup_dir"]):
+        cfg["memory_mode"] = "accounting"
     try:
         cfg["nproc_base"] = count_processes_of_current_user() if cfg["userns"] else 0
         setup(cfg)
@@ -223,18 +306,25 @@ def main() -> None:
     # little after its time is up; exiting then takes the rest of the pid namespace with it.
     signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
     signal.alarm(int(cfg["timeout_s"] + 0.999) + 2)
-    while True:
-        try:
-            _, status, usage = os.wait4(pid, 0)
-            break
-        except InterruptedError:
-            continue
+    exceeded, peak = False, 0
+    if cfg["memory_mode"] == "accounting":
+        status, usage, exceeded, peak = wait_accounting(pid, cfg)
+    else:
+        while True:
+            try:
+                _, status, usage = os.wait4(pid, 0)
+                break
+            except InterruptedError:
+                continue
     report(
         {
             "exit": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "maxrss_kb": usage.ru_maxrss,
+            "memory_mode": cfg["memory_mode"],
+            "memory_exceeded": exceeded,
+            "peak_kb": peak,
         }
     )
     # Exiting as pid 1 of the namespace kills whatever the program left running (fork bombs).
