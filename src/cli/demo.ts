@@ -45,7 +45,7 @@ async function runJob(
   const suite = createMathSuite({
     train: data.train,
     eval: data.eval,
-    attempts: config.task.kind === "math" ? config.task.attempts : 1,
+    attempts: config.task?.kind === "math" ? config.task.attempts : 1,
     extract: "last-number",
   });
   const evals: EvalResult[] = [];
@@ -124,7 +124,7 @@ export async function demoCommand(args: string[]): Promise<void> {
     ...config0,
     train: { ...config0.train, evalAtStart: true },
     task:
-      config0.task.kind === "math"
+      config0.task?.kind === "math"
         ? { ...config0.task, trainFile: join(dataDir, "train.jsonl"), evalFile: join(dataDir, "eval.jsonl") }
         : config0.task,
   };

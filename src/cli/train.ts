@@ -6,9 +6,9 @@ import { connectEngine, startLocalEngine } from "../client/launcher.ts";
 import { loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { ConfigError } from "../errors.ts";
-import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type EngineHandle, type Summary, train } from "../train/run.ts";
+import { resolveRunPaths, runSuite } from "../train/suite.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 
 const USAGE = `usage: marft train <config.yaml> [options]
@@ -124,13 +124,13 @@ export async function trainCommand(args: string[]): Promise<void> {
     if (!configFile && values.resume) configFile = join(values.resume, "config.yaml");
     if (values.resume && !existsSync(values.resume))
       throw new Error(`--resume: ${values.resume} does not exist`);
-    const config = resolveTaskPaths(
+    const config = resolveRunPaths(
       loadRunConfig(configFile!, values.set ?? []),
       dirname(resolve(configFile!)),
     );
     const runDir = resolve(values.resume ?? values["run-dir"] ?? join("runs", config.name));
     const quiet = values.quiet || !process.stderr.isTTY;
-    const suite = await makeSuite(config.task, dirname(resolve(configFile!)));
+    const suite = runSuite(config, dirname(resolve(configFile!)));
 
     const abort = new AbortController();
     const onSigint = () => {

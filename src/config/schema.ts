@@ -101,6 +101,11 @@ const Agent = z
       })
       .describe("unique agent id (also its adapter's name)"),
     role: name().describe("the agent's role; tasks label its messages with it, per-role rewards key on it"),
+    label: name()
+      .optional()
+      .describe(
+        "how the other agents' observations and the transcripts name this agent (default: its role); the role stays what tasks and rewards key on",
+      ),
     systemPrompt: z.string({ error: "expected a string" }).default("").describe("the agent's system prompt"),
     base: name().describe("name of the base model (a key of `bases`)"),
     adapter: z
@@ -243,6 +248,58 @@ const Ppo = z
   })
   .describe("the PPO update");
 
+const DynamicSampling = z
+  .strictObject({
+    maxExtraRollouts: posInt()
+      .default(4)
+      .describe("extra rollouts per iteration at most, each of as many fresh tasks as groups are missing"),
+  })
+  .describe(
+    "drop groups whose episodes all got the same rewards (no gradient under group baselines) and refill the batch with fresh tasks; needs train.samplesPerTask >= 2; {} for the defaults, null: off",
+  );
+
+const Replay = z
+  .strictObject({
+    capacity: posInt().default(1024).describe("turns the buffer keeps (the oldest go first)"),
+    reuse: posNum()
+      .default(1)
+      .describe("replayed turns per fresh turn in each adapter's batch (1: half the batch is replayed)"),
+    maxAge: nonNegInt()
+      .default(4)
+      .describe(
+        "a turn sampled more than this many versions of its adapter ago is never used (one optimizer step is one version)",
+      ),
+    clip: posNum()
+      .default(1)
+      .describe("truncation of the importance weights: w = min(clip, pi_now / pi_behaviour) per token"),
+  })
+  .describe(
+    "experience replay: past turns with their behaviour log-probs, mixed into each PPO batch with truncated importance weights; {} for the defaults, null: off",
+  );
+
+const TaskScheduler = z
+  .discriminatedUnion("kind", [
+    z
+      .strictObject({ kind: z.literal("fixed") })
+      .describe("each task of the iteration is drawn with probability proportional to its weight"),
+    z
+      .strictObject({ kind: z.literal("round-robin") })
+      .describe("a whole iteration per task in turn, weighted (smooth weighted round robin)"),
+    z
+      .strictObject({
+        kind: z.literal("learning-progress"),
+        fast: unit().default(0.5).describe("rate of the fast moving average of a task's reward"),
+        slow: unit().default(0.1).describe("rate of the slow moving average"),
+        explore: unit()
+          .default(0.2)
+          .describe("share of the draws made by the weights alone, so no task is starved"),
+      })
+      .describe(
+        "more of the tasks whose reward is still moving: p ∝ |fast − slow average of its reward|, mixed with the weights",
+      ),
+  ])
+  .describe("multi-task runs (tasks): how each iteration's mix of tasks is chosen (default fixed)");
+
 const Train = z
   .strictObject({
     iterations: posInt().default(10).describe("training iterations (rollout + update)"),
@@ -279,6 +336,15 @@ const Train = z
       .describe("evaluate before the first update too"),
     checkpointEvery: nonNegInt().default(0).describe("checkpoint every N iterations (0: only at the end)"),
     keepCheckpoints: posInt().default(3).describe("newest checkpoints kept on disk"),
+    maxSampledTokens: posInt()
+      .nullable()
+      .default(null)
+      .describe(
+        "stop once the training rollouts have sampled this many tokens (checked after each iteration: a run ends within one iteration's tokens of it; train.iterations stays an upper bound); null: iterations only",
+      ),
+    dynamicSampling: DynamicSampling.nullable().default(null),
+    replay: Replay.nullable().default(null),
+    taskScheduler: TaskScheduler.optional(),
   })
   .describe("the schedule of the run");
 
@@ -292,6 +358,20 @@ const Eval = z
     k: nonNegInt().default(0).describe("pass@k with k sampled attempts per task (0: off)"),
   })
   .describe("held-out evaluation");
+
+const TaskEntry = z
+  .strictObject({
+    name: z
+      .string({ error: "expected a task name" })
+      .regex(/^[A-Za-z0-9][A-Za-z0-9_-]*$/, {
+        error: "expected a task name of letters, digits, _ or - (it names metrics: task/<name>/...)",
+      })
+      .describe("the task's name in metrics and evaluation (task/<name>/reward, eval/<name>/accuracy)"),
+    weight: posNum().default(1).describe("the task's share of the draws (relative to the others)"),
+    task: TaskSchema,
+    graph: Graph.optional().describe("this task's dependency graph (default: the run's `graph`)"),
+  })
+  .describe("one task of a multi-task run");
 
 export const RunConfigObject = z.strictObject({
   name: z
@@ -308,7 +388,12 @@ export const RunConfigObject = z.strictObject({
     .min(1, { error: "expected at least one agent" })
     .describe("the team, in profile order"),
   graph: Graph.prefault({ kind: "sequential" }),
-  task: TaskSchema,
+  task: TaskSchema.optional(),
+  tasks: z
+    .array(TaskEntry)
+    .min(1, { error: "expected at least one task" })
+    .optional()
+    .describe("a multi-task run: several tasks with weights (instead of `task`); see train.taskScheduler"),
   critic: Critic.optional(),
   algo: Algo.prefault({}),
   ppo: Ppo.prefault({}),
@@ -427,6 +512,54 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
         input: c.critic.base,
       });
   }
+  if (!c.task && !c.tasks)
+    ctx.addIssue({
+      code: "custom",
+      path: ["task"],
+      message: "required (expected a task section, or a tasks list for a multi-task run)",
+      input: undefined,
+    });
+  if (c.task && c.tasks)
+    ctx.addIssue({
+      code: "custom",
+      path: ["tasks"],
+      message: "give either task (one task) or tasks (several), not both",
+      input: c.tasks,
+    });
+  const taskNames = new Map<string, number>();
+  (c.tasks ?? []).forEach((t, i) => {
+    if (taskNames.has(t.name))
+      ctx.addIssue({
+        code: "custom",
+        path: ["tasks", i, "name"],
+        message: `duplicate task name "${t.name}" (also tasks[${taskNames.get(t.name)}])`,
+        input: t.name,
+      });
+    taskNames.set(t.name, i);
+    if (t.graph?.kind === "edges") knownIds(t.graph.edges, ["tasks", i, "graph", "edges"]);
+  });
+  if (c.train.taskScheduler && !c.tasks)
+    ctx.addIssue({
+      code: "custom",
+      path: ["train", "taskScheduler"],
+      message: "a task scheduler needs a multi-task run (a tasks list)",
+      input: c.train.taskScheduler,
+    });
+  if (c.train.dynamicSampling && c.train.samplesPerTask < 2)
+    ctx.addIssue({
+      code: "custom",
+      path: ["train", "dynamicSampling"],
+      message: "expected train.samplesPerTask >= 2: dynamic sampling drops groups of episodes of one task",
+      input: c.train.dynamicSampling,
+    });
+  const stepsPerIteration = c.ppo.epochs * c.ppo.minibatches;
+  if (c.train.replay && c.train.replay.maxAge < stepsPerIteration)
+    ctx.addIssue({
+      code: "custom",
+      path: ["train", "replay", "maxAge"],
+      message: `expected at least ppo.epochs x ppo.minibatches = ${stepsPerIteration}: an adapter takes that many optimizer steps per iteration, so every stored turn would be too old before it could be replayed`,
+      input: c.train.replay.maxAge,
+    });
   if (c.algo.estimator === "critic-free" && c.train.samplesPerTask < 2)
     ctx.addIssue({
       code: "custom",
@@ -454,4 +587,5 @@ export const CRITIC_ADAPTER = "critic";
 export type RunConfig = z.output<typeof RunConfigSchema>;
 export type RunConfigInput = z.input<typeof RunConfigSchema>;
 export type AgentConfig = RunConfig["agents"][number];
-export type TaskConfig = RunConfig["task"];
+export type TaskConfig = NonNullable<RunConfig["task"]>;
+export type TaskEntryConfig = NonNullable<RunConfig["tasks"]>[number];
