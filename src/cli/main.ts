@@ -5,6 +5,7 @@ commands:
   train <config> [--resume DIR] [--set k=v ...]   train a team
   eval <config|run dir> --data FILE [--n N]       evaluate a team
   demo                                            the main job: train a real two-agent team
+  compare <spec.yaml> [--out DIR]                 variants x seeds at one budget, compared
   bench                                           speed and memory figures
   engine serve [--host H] [--port P]              run the compute engine
   grade math                                      JSONL {pred, gold} on stdin -> verdicts
@@ -20,6 +21,8 @@ export async function main(argv: string[]): Promise<void> {
       return (await import("./eval.ts")).evalCommand(rest);
     case "demo":
       return (await import("./demo.ts")).demoCommand(rest);
+    case "compare":
+      return (await import("./compare.ts")).compareCommand(rest);
     case "bench":
       return (await import("./bench.ts")).benchCommand(rest);
     case "engine":
