@@ -81,7 +81,11 @@ export interface VariantCells {
 }
 
 export const METHOD =
-  "per seed: Wilson 95% interval of held-out pass@1; across seeds: mean with a t 95% interval (n-1 df); vs the first variant: per-problem pairs of the same seed pooled over seeds, diff = mean(variant - first), Agresti-Min 95% interval, exact McNemar p; seeds_t: paired t-test over per-seed accuracy differences";
+  "per seed: Wilson 95% interval of held-out pass@1; across seeds: mean with a t 95% interval (n-1 df, cut to [0, 1]); vs the first variant: per-problem pairs of the same seed pooled over seeds, diff = mean(variant - first), Agresti-Min 95% interval, exact McNemar p; seeds_t: paired t-test over per-seed accuracy differences";
+
+/** An interval of an accuracy, cut to [0, 1] (a t-interval over few seeds can reach beyond). */
+const clip01 = (ci: [number, number] | null): [number, number] | null =>
+  ci ? [Math.max(0, ci[0]), Math.min(1, ci[1])] : null;
 
 function minMax(xs: readonly number[]): { min: number; max: number } | null {
   return xs.length ? { min: Math.min(...xs), max: Math.max(...xs) } : null;
@@ -164,13 +168,13 @@ export function variantReport(
     seeds: seedReports,
     missing: seeds.filter((s) => !v.cells.has(s)),
     mean: acc?.mean ?? null,
-    ci95: acc?.ci95 ?? null,
+    ci95: clip01(acc?.ci95 ?? null),
     ...(tasks.length
       ? {
           per_task: Object.fromEntries(
             tasks.map((k) => {
               const m = meanInterval(done.map((c) => c.per_task![k]!.accuracy));
-              return [k, { mean: m.mean, ci95: m.ci95 }];
+              return [k, { mean: m.mean, ci95: clip01(m.ci95) }];
             }),
           ),
         }
