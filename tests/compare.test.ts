@@ -268,15 +268,16 @@ describe("the paired comparison with the first variant, by hand", () => {
     ]);
     const other = new Map([
       [1, cell(1, [1, 1, 1, 0, 0])],
-      [2, cell(2, [1, 1, 1, 0, 0])],
+      [2, cell(2, [1, 0, 0, 1, 1])],
     ]);
     const { vs } = versusFirst(first, other, [1, 2]);
-    // pooled: improved = 2 + 2, worsened = 1 + 0 of 10 pairs; diff = 0.3; McNemar p = 2 * 6/32
-    expect(vs).toMatchObject({ improved: 4, worsened: 1, pairs: 10, paired_p: 0.375 });
+    // pooled: improved = 2 + 3, worsened = 1 + 1 of 10 pairs; diff = 0.3; McNemar p = 2 (1 + 7 + 21) / 128
+    expect(vs).toMatchObject({ improved: 5, worsened: 2, pairs: 10 });
+    expect(vs!.paired_p).toBeCloseTo(58 / 128, 12);
     expect(vs!.diff).toBeCloseTo(0.3, 12);
     const pooled = pairedDifference(
       [1, 0, 0, 0, 1, 0, 0, 1, 0, 0].map(Boolean),
-      [1, 1, 1, 0, 0, 1, 1, 1, 0, 0].map(Boolean),
+      [1, 1, 1, 0, 0, 1, 0, 0, 1, 1].map(Boolean),
     );
     expect(vs!.ci95).toEqual(pooled.ci95);
     // per seed: 0.4 -> 0.6 and 0.2 -> 0.6: d = 0.2, 0.4
