@@ -146,7 +146,14 @@ export async function trainCommand(args: string[]): Promise<void> {
     process.on("SIGINT", onSigint);
     process.on("SIGTERM", onSigint);
 
-    const bar = new Progress("train", config.train.iterations, { silent: values.quiet });
+    // with a token budget the bar counts sampled tokens (the iterations it takes are not known)
+    const budget = config.train.maxSampledTokens;
+    const { RunDir } = await import("../train/rundir.ts");
+    let tokens = values.resume ? (new RunDir(runDir).latestCheckpoint()?.state.sampledTokens ?? 0) : 0;
+    const bar = new Progress(budget ? "train tokens" : "train", budget ?? config.train.iterations, {
+      silent: values.quiet,
+    });
+    const at = (iteration: number) => (budget ? tokens : iteration);
     let lastReward = "";
     const summary = await train({
       config,
@@ -162,18 +169,18 @@ export async function trainCommand(args: string[]): Promise<void> {
       log: (line) => process.stderr.write(`${quiet ? "" : "\n"}${line}\n`),
       onProgress: (e) => {
         if (e.kind === "iteration") {
+          tokens += e.row["tokens/sampled"] ?? 0;
           lastReward = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}`;
-          bar.update(e.iteration, lastReward);
+          bar.update(at(e.iteration), budget ? `iteration ${e.iteration}  ${lastReward}` : lastReward);
         } else if (e.kind === "phase") {
           const count = e.total ? ` ${e.done}/${e.total}` : "";
-          bar.update(e.iteration, `${e.phase}${count}  ${lastReward}`);
+          bar.update(at(e.iteration), `${e.phase}${count}  ${lastReward}`);
         }
       },
     });
     bar.finish();
     process.off("SIGINT", onSigint);
     process.off("SIGTERM", onSigint);
-    const { RunDir } = await import("../train/rundir.ts");
     process.stdout.write(`\n${summaryTable(summary, new RunDir(runDir).readMetrics() as MetricsRow[])}`);
     process.stdout.write(`run directory: ${runDir}\n`);
     if (summary.stoppedEarly)
