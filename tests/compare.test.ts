@@ -231,6 +231,29 @@ describe("runCompare with the in-memory engine", () => {
     expect(again.report.variants.map((v) => v.mean)).toEqual(r.report.variants.map((v) => v.mean));
   });
 
+  it("--only runs those variants' cells; the report lists the others as still to run", async () => {
+    const dir = mathSpecDir();
+    const { spec } = loadCompareSpec(join(dir, "spec.yaml"));
+    const r = await runCompare(spec, {
+      specDir: dir,
+      specName: "s",
+      outDir: join(dir, "out"),
+      connect: fake,
+      only: ["parallel"],
+    });
+    expect(r.report.complete).toBe(false);
+    expect(r.report.variants.map((v) => v.missing.length)).toEqual([2, 2, 0, 2]);
+    await expect(
+      runCompare(spec, {
+        specDir: dir,
+        specName: "s",
+        outDir: join(dir, "out"),
+        connect: fake,
+        only: ["paralel"],
+      }),
+    ).rejects.toThrow(/--only: invalid option\n {2}no variant paralel in the spec/);
+  });
+
   it("a finished cell of another config is refused, not reused", async () => {
     const dir = mathSpecDir();
     const { spec } = loadCompareSpec(join(dir, "spec.yaml"));

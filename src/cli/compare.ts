@@ -16,6 +16,7 @@ held-out problems (configs/compare-*.yaml are examples; README "Comparing varian
 
 options:
   --out DIR                where the cells, compare.json and compare.html go (default: runs/compare/<spec name>)
+  --only A,B               run only these variants' cells (the report shows every variant)
   --engine-url URL         use a running engine instead of starting one per cell
   --engine-token-env VAR   environment variable with that engine's token (default MARFT_ENGINE_TOKEN)
   --quiet                  no progress
@@ -37,6 +38,7 @@ export async function compareCommand(args: string[]): Promise<void> {
       allowPositionals: true,
       options: {
         out: { type: "string" },
+        only: { type: "string" },
         "engine-url": { type: "string" },
         "engine-token-env": { type: "string" },
         quiet: { type: "boolean" },
@@ -88,6 +90,7 @@ export async function compareCommand(args: string[]): Promise<void> {
       connect: (config, logFile) =>
         engineConnector(config, logFile, { url: values["engine-url"], tokenEnv: values["engine-token-env"] }),
       signal: abort.signal,
+      ...(values.only ? { only: values.only.split(",").map((x) => x.trim()) } : {}),
       log: (line) => process.stderr.write(`${tty && !values.quiet ? "\n" : ""}${line}\n`),
       onProgress: (p) => {
         const c = p.current;

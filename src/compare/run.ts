@@ -41,6 +41,8 @@ export interface CompareOptions {
   onProgress?: (p: CompareProgress) => void;
   /** When aborted, the running cell checkpoints after its iteration and the job stops. */
   signal?: AbortSignal;
+  /** Run only these variants' cells (e.g. to split a job between machines); the report has all. */
+  only?: readonly string[];
 }
 
 export interface CompareOutcome {
@@ -135,6 +137,15 @@ async function probedSuite(variant: string, c: RunConfig, baseDir: string): Prom
 export async function runCompare(spec: CompareSpec, o: CompareOptions): Promise<CompareOutcome> {
   const plan = await planCompare(spec, o.specDir, o.outDir);
   const log = o.log ?? (() => {});
+  const unknown = (o.only ?? []).filter((n) => !plan.variants.some((v) => v.name === n));
+  if (unknown.length > 0) {
+    throw new ConfigError(
+      "--only",
+      [`no variant ${unknown.join(", ")} in the spec (${plan.variants.map((v) => v.name).join(", ")})`],
+      "invalid option",
+    );
+  }
+  const todo = plan.cells.filter((c) => !o.only || o.only.includes(c.variant));
   mkdirSync(o.outDir, { recursive: true });
   const results = new Map<string, Map<number, CellResult>>(plan.variants.map((v) => [v.name, new Map()]));
   for (const cell of plan.cells) {
@@ -150,12 +161,12 @@ export async function runCompare(spec: CompareSpec, o: CompareOptions): Promise<
     return report;
   };
 
-  const total = plan.cells.length;
-  let done = plan.cells.filter((c) => results.get(c.variant)!.has(c.seed)).length;
+  const total = todo.length;
+  let done = todo.filter((c) => results.get(c.variant)!.has(c.seed)).length;
   if (done > 0) log(`${done} of ${total} cells already finished in ${o.outDir}: not recomputed`);
   const ran: number[] = []; // seconds of the cells run by this job
   let interrupted = false;
-  for (const cell of plan.cells) {
+  for (const cell of todo) {
     if (results.get(cell.variant)!.has(cell.seed)) continue;
     if (o.signal?.aborted) {
       interrupted = true;
