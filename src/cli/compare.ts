@@ -113,6 +113,7 @@ export async function compareCommand(args: string[]): Promise<void> {
     const b = out.report.budget;
     process.stdout.write(
       `budget: ${b.sampledTokens !== undefined ? `${b.sampledTokens} sampled tokens` : `${b.iterations} iterations`} per cell; seeds ${out.report.seeds.join(", ")}\n` +
+        `cells computed with commit ${out.report.provenance.commits.join(", ")} on ${out.report.provenance.hosts.join(", ")}\n` +
         `wrote ${out.jsonPath} and ${out.htmlPath}\n`,
     );
     if (out.interrupted)

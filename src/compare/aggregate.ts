@@ -68,6 +68,8 @@ export interface CompareReport {
   eval: { n: number | null; greedy: boolean };
   complete: boolean;
   method: string;
+  /** The commits and machines the cells were computed with (more than one: say so in a paper). */
+  provenance: { commits: string[]; hosts: string[] };
   variants: VariantReport[];
 }
 

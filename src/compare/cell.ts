@@ -3,8 +3,10 @@
 // result in cell.json once it is finished. A finished cell is never recomputed: cell.json is read
 // back (and must be of the same config). An unfinished one continues from its last checkpoint; one
 // whose training finished but whose evaluation did not is evaluated from its final checkpoint.
+import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { cpus, hostname } from "node:os";
 import { join } from "node:path";
 import { configToYaml } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
@@ -48,6 +50,41 @@ export interface CellResult {
   /** [sampled tokens so far, team reward] after each iteration. */
   curve: Array<[number, number]>;
   untrained: boolean;
+  /** What computed it: the code's commit (with "-dirty" for uncommitted changes), the machine, when. */
+  provenance?: Provenance;
+}
+
+export interface Provenance {
+  commit: string | null;
+  host: string;
+  cpus: number;
+  node: string;
+  finished: string;
+}
+
+/** The commit of this checkout and the machine, recorded with every cell. */
+export function provenance(): Provenance {
+  let commit: string | null = null;
+  try {
+    const git = (args: string[]) =>
+      execFileSync("git", args, {
+        cwd: import.meta.dirname,
+        encoding: "utf8",
+        stdio: ["ignore", "pipe", "ignore"],
+      }).trim();
+    commit =
+      git(["rev-parse", "--short=12", "HEAD"]) +
+      (git(["status", "--porcelain", "--untracked-files=no"]) ? "-dirty" : "");
+  } catch {
+    commit = null; // not a git checkout
+  }
+  return {
+    commit,
+    host: hostname(),
+    cpus: cpus().length,
+    node: process.version,
+    finished: new Date().toISOString(),
+  };
 }
 
 export interface CellHooks {
@@ -176,6 +213,7 @@ export function cellResult(cell: Cell, r: EvalResult, rows: readonly MetricsRow[
     train_s: seconds((k) => k !== "time/eval"),
     curve,
     untrained: cell.untrained,
+    provenance: provenance(),
   };
 }
 

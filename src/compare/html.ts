@@ -133,7 +133,7 @@ export function renderCompareHtml(r: CompareReport): string {
 <h1>marft compare: ${esc(r.spec)}</h1>
 <p>base ${esc(r.base)}; seeds ${r.seeds.join(", ")}; budget: ${budget}; held-out evaluation: ${r.eval.n ?? "all"} problems${r.eval.greedy ? ", greedy" : ""}.${r.complete ? "" : " <b>Partial: some cells are still to run.</b>"}</p>
 ${table(r)}
-<p><small>${esc(r.method)}</small></p>
+<p><small>${esc(r.method)}. Computed with commit ${esc(r.provenance.commits.join(", "))} on ${esc(r.provenance.hosts.join(", "))}.</small></p>
 ${accuracyBars(r.variants)}
 ${curveChart(r.variants)}
 <h2>Variants</h2><ul>${changes}</ul>

@@ -245,6 +245,7 @@ function compareReport(
     variantReport(cellsOf(v), spec.seeds, i === 0 ? null : firstCells, budget),
   );
   const c0 = plan.cells[0]!.config;
+  const all = [...results.values()].flatMap((m) => [...m.values()]);
   return {
     spec: specName,
     base: spec.base,
@@ -253,6 +254,10 @@ function compareReport(
     eval: { n: c0.eval.n || null, greedy: c0.eval.greedy },
     complete: variants.every((v) => v.missing.length === 0),
     method: METHOD,
+    provenance: {
+      commits: [...new Set(all.map((c) => c.provenance?.commit ?? "unknown"))],
+      hosts: [...new Set(all.map((c) => c.provenance?.host ?? "unknown"))],
+    },
     variants,
   };
 }
