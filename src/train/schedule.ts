@@ -2,14 +2,13 @@
 import { adapterOf, adapterOwners, usesCritic } from "../config/derived.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { Rng } from "../rng.ts";
-import type { TrainerState } from "./rundir.ts";
 
 /**
  * Whether training is over: `train.iterations` are done, or the rollouts have sampled
  * `train.maxSampledTokens` (checked between iterations, so a run overshoots by less than one
  * iteration's tokens; every variant of a comparison stops by the same rule).
  */
-export function trainingDone(c: RunConfig, s: Pick<TrainerState, "iteration" | "sampledTokens">): boolean {
+export function trainingDone(c: RunConfig, s: { iteration: number; sampledTokens?: number }): boolean {
   if (s.iteration >= c.train.iterations) return true;
   return c.train.maxSampledTokens !== null && (s.sampledTokens ?? 0) >= c.train.maxSampledTokens;
 }
