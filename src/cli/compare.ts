@@ -80,7 +80,7 @@ export async function compareCommand(args: string[]): Promise<void> {
     const bar = new Progress("compare", 0, { silent: values.quiet, plainEveryMs: 30_000 });
     let last = { done: 0, total: 0, extra: "" };
     const render = () => bar.update(last.done, last.extra, last.total);
-    heartbeat = setInterval(render, 30_000);
+    heartbeat = setInterval(render, 5_000); // plain lines still print at most every 30 s
     heartbeat.unref();
     const tty = Boolean(process.stderr.isTTY);
     const out = await runCompare(spec, {
