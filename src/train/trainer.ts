@@ -158,9 +158,7 @@ export class Trainer {
           onProgress,
         }),
       flat: (episodes) =>
-        flatGroups(
-          toSteps(episodes, this.roleOf, c.algo.rewardRouting).map((x) => ({ ...x, agent: x.turn.agent })),
-        ),
+        flatGroups(creditBatch(toSteps(episodes, this.roleOf, c.algo.rewardRouting), episodes, null).steps),
     });
     this.tasks.observe(batch.sampled);
     this.tokensSampled += batch.stats.tokensSampled;
