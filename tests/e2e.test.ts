@@ -17,10 +17,10 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { startLocalEngine } from "../src/client/launcher.ts";
 import { loadRunConfig } from "../src/config/load.ts";
-import { makeSuite } from "../src/envs/tasks.ts";
 import { RunDir } from "../src/train/rundir.ts";
 import { train } from "../src/train/run.ts";
 import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { runSuite } from "../src/train/suite.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 
@@ -44,7 +44,7 @@ async function learn(configFile: string, overrides: string[]) {
     config,
     configDir: join(ROOT, "configs"),
     runDir: dir,
-    suite: await makeSuite(config.task, "."),
+    suite: runSuite(config, "."),
     connect: () =>
       startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
   });

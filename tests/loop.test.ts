@@ -5,10 +5,10 @@
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { loadRunConfig } from "../src/config/load.ts";
-import { makeSuite } from "../src/envs/tasks.ts";
 import { setupEngine } from "../src/train/setup.ts";
 import { Trainer } from "../src/train/trainer.ts";
 import { FakeEngine, seededLetter } from "./helpers/fake-engine.ts";
+import { runSuite } from "../src/train/suite.ts";
 
 const CONFIGS = join(import.meta.dirname, "..", "configs");
 
@@ -22,7 +22,7 @@ async function trainerFor(config: string, sets: string[]): Promise<{ trainer: Tr
   const engine = new FakeEngine();
   engine.textFor = seededLetter("ab");
   await setupEngine(engine, c);
-  const trainer = new Trainer(c, makeSuite(c.task, CONFIGS), engine);
+  const trainer = new Trainer(c, runSuite(c, CONFIGS), engine);
   await trainer.syncVersions();
   engine.calls.length = 0;
   return { trainer, engine };

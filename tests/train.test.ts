@@ -7,7 +7,6 @@ import { describe, expect, it } from "vitest";
 import { startLocalEngine } from "../src/client/launcher.ts";
 import { loadRunConfig } from "../src/config/load.ts";
 import type { RunConfig } from "../src/config/schema.ts";
-import { makeSuite } from "../src/envs/tasks.ts";
 import type { MetricsRow } from "../src/train/phases.ts";
 import { train } from "../src/train/run.ts";
 import { RunDir } from "../src/train/rundir.ts";
@@ -15,6 +14,7 @@ import { tasksAt, updatingAdapters } from "../src/train/schedule.ts";
 import { setupEngine } from "../src/train/setup.ts";
 import { Trainer } from "../src/train/trainer.ts";
 import { createTinyBase, TEST_ENGINE_ENV, useEngine } from "./helpers/engine.ts";
+import { runSuite } from "../src/train/suite.ts";
 
 const CONFIG = join(import.meta.dirname, "..", "configs", "tiny-secret.yaml");
 
@@ -39,7 +39,7 @@ async function runTiny(sets: string[] = []): Promise<{ rows: MetricsRow[]; dir: 
     config,
     configDir: join(import.meta.dirname, "..", "configs"),
     runDir: dir,
-    suite: await makeSuite(config.task, "."),
+    suite: runSuite(config, "."),
     connect: () =>
       startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
   });
@@ -196,7 +196,7 @@ describe("frozen agents", () => {
     const before = await Promise.all(
       ["speaker", "listener"].map((a) => eng.client.forward({ adapter: a, ...probe })),
     );
-    const trainer = new Trainer(config, await makeSuite(config.task, "."), eng.client);
+    const trainer = new Trainer(config, runSuite(config, "."), eng.client);
     await trainer.syncVersions();
     const row = await trainer.iteration();
     expect(row).toHaveProperty(["loss/policy/speaker"]);

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { loadRunConfig } from "../src/config/load.ts";
-import { makeSuite } from "../src/envs/tasks.ts";
+import { runSuite } from "../src/train/suite.ts";
 import type { Episode, Turn } from "../src/rollout/types.ts";
 import { RunDir } from "../src/train/rundir.ts";
 import { setupEngine } from "../src/train/setup.ts";
@@ -136,7 +136,7 @@ describe("transcripts of the training loop (in-memory engine)", () => {
     const letter = seededLetter("ab");
     engine.textFor = (req) => (req.adapter === "speaker" ? `${letter(req)}b${letter(req)}a` : letter(req));
     await setupEngine(engine, c);
-    const trainer = new Trainer(c, makeSuite(c.task, CONFIGS), engine);
+    const trainer = new Trainer(c, runSuite(c, CONFIGS), engine);
     await trainer.syncVersions();
     const row = await trainer.iteration();
     const run = new RunDir(mkdtempSync(join(tmpdir(), "marft-transcripts-")));

@@ -53,3 +53,30 @@ export function groupRelative(
   }
   return out;
 }
+
+/**
+ * The groups whose episodes all got the same rewards: the same agents acted in the same order and
+ * each action was credited the same reward. Under group baselines every advantage of such a group is
+ * zero, so it carries no policy gradient (dynamic sampling drops it). A group of one episode counts
+ * as flat: it has nothing to compare with.
+ *   steps [N], listed episode by episode in action order → the flat groups' ids
+ */
+export function flatGroups(
+  steps: ReadonlyArray<{ episode: number; group: number; agent: string; reward: number }>,
+): Set<number> {
+  const signature = new Map<number, { group: number; actions: Array<[string, number]> }>();
+  for (const s of steps) {
+    const e = signature.get(s.episode) ?? { group: s.group, actions: [] };
+    e.actions.push([s.agent, s.reward]);
+    signature.set(s.episode, e);
+  }
+  const first = new Map<number, string>();
+  const mixed = new Set<number>();
+  for (const { group, actions } of signature.values()) {
+    const sig = JSON.stringify(actions); // exact: rewards equal as numbers print equal
+    const seen = first.get(group);
+    if (seen === undefined) first.set(group, sig);
+    else if (seen !== sig) mixed.add(group);
+  }
+  return new Set([...first.keys()].filter((g) => !mixed.has(g)));
+}

@@ -66,7 +66,7 @@ async function runJob(
   const suite = createMathSuite({
     train: data.train,
     eval: data.eval,
-    attempts: config.task.kind === "math" ? config.task.attempts : 1,
+    attempts: config.task?.kind === "math" ? config.task.attempts : 1,
     extract: "last-number",
   });
   const evals: EvalResult[] = [];
@@ -217,7 +217,7 @@ async function demo(values: ReturnType<typeof parseDemoArgs>["values"]): Promise
     ...config0,
     train: { ...config0.train, evalAtStart: true },
     task:
-      config0.task.kind === "math"
+      config0.task?.kind === "math"
         ? { ...config0.task, trainFile: join(dataDir, "train.jsonl"), evalFile: join(dataDir, "eval.jsonl") }
         : config0.task,
   };

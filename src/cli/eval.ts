@@ -5,10 +5,10 @@ import { existsSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { loadRunConfig } from "../config/load.ts";
-import { evaluate } from "../train/evaluate.ts";
+import { evalTasks, evaluate } from "../train/evaluate.ts";
 import { RunDir } from "../train/rundir.ts";
 import { setupEngine } from "../train/setup.ts";
-import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
+import { resolveRunPaths, runSuite } from "../train/suite.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { engineConnector, reportError } from "./train.ts";
 
@@ -73,17 +73,17 @@ export async function evalCommand(args: string[]): Promise<void> {
     const sets = [...(values.set ?? [])];
     const n = intOpt("n", values.n);
     const k = intOpt("k", values.k);
-    const config = resolveTaskPaths(loadRunConfig(configFile, sets), dirname(configFile));
+    const config = resolveRunPaths(loadRunConfig(configFile, sets), dirname(configFile));
     if (values.data !== undefined) {
-      if (config.task.kind !== "math" && config.task.kind !== "code") {
+      if (config.task?.kind !== "math" && config.task?.kind !== "code") {
         throw new Error(
-          `--data: task "${config.task.kind}" generates its problems; --data is for math and code tasks`,
+          `--data: task "${config.task?.kind ?? "multi-task"}" generates its problems; --data is for one math or code task`,
         );
       }
       config.task = { ...config.task, evalFile: resolve(values.data), evalLimit: undefined };
     }
-    const suite = await makeSuite(config.task, dirname(configFile));
-    const tasks = n ? suite.eval.slice(0, n) : suite.eval;
+    const suite = runSuite(config, dirname(configFile));
+    const tasks = evalTasks(suite, n ?? 0);
     const logDir = isRun ? target : join("runs", config.name);
     const connect = engineConnector(config, join(logDir, "engine-eval.log"), {
       url: values["engine-url"],

@@ -6,6 +6,7 @@ commands:
   eval <config|run dir> --data FILE [--n N]       evaluate a team
   demo                                            the main job: train a real two-agent team
   dashboard [runs/] [--port P] [--host H]         watch runs in a browser while they train
+  compare <spec.yaml> [--out DIR]                 variants x seeds at one budget, compared
   bench                                           speed and memory figures
   engine serve [--host H] [--port P]              run the compute engine
   grade math                                      JSONL {pred, gold} on stdin -> verdicts
@@ -23,6 +24,8 @@ export async function main(argv: string[]): Promise<void> {
       return (await import("./demo.ts")).demoCommand(rest);
     case "dashboard":
       return (await import("./dashboard.ts")).dashboardCommand(rest);
+    case "compare":
+      return (await import("./compare.ts")).compareCommand(rest);
     case "bench":
       return (await import("./bench.ts")).benchCommand(rest);
     case "engine":

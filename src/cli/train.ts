@@ -6,9 +6,9 @@ import { connectEngine, ENGINE_CWD, startLocalEngine } from "../client/launcher.
 import { checkBaseFiles, loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { ConfigError, MarftError } from "../errors.ts";
-import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type EngineHandle, type Summary, train } from "../train/run.ts";
+import { resolveRunPaths, runSuite } from "../train/suite.ts";
 import { onInterrupt } from "./interrupt.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { writeRunReport } from "./report.ts";
@@ -140,18 +140,25 @@ export async function trainCommand(args: string[]): Promise<void> {
     if (!configFile && values.resume) configFile = join(values.resume, "config.yaml");
     if (values.resume && !existsSync(values.resume))
       throw new Error(`--resume: ${values.resume} does not exist`);
-    const config = resolveTaskPaths(
+    const config = resolveRunPaths(
       loadRunConfig(configFile!, values.set ?? []),
       dirname(resolve(configFile!)),
     );
     if (!(values["engine-url"] ?? config.engine.url)) checkBaseFiles(config, configFile!, ENGINE_CWD);
     const runDir = resolve(values.resume ?? values["run-dir"] ?? join("runs", config.name));
     const quiet = values.quiet || !process.stderr.isTTY;
-    const suite = await makeSuite(config.task, dirname(resolve(configFile!)));
+    const suite = runSuite(config, dirname(resolve(configFile!)));
 
     const interrupt = onInterrupt();
 
-    const bar = new Progress("train", config.train.iterations, { silent: values.quiet });
+    // with a token budget the bar counts sampled tokens (the iterations it takes are not known)
+    const budget = config.train.maxSampledTokens;
+    const { RunDir } = await import("../train/rundir.ts");
+    let tokens = values.resume ? (new RunDir(runDir).latestCheckpoint()?.state.sampledTokens ?? 0) : 0;
+    const bar = new Progress(budget ? "train tokens" : "train", budget ?? config.train.iterations, {
+      silent: values.quiet,
+    });
+    const at = (iteration: number) => (budget ? tokens : iteration);
     let lastReward = "";
     const summary = await train({
       config,
@@ -167,17 +174,17 @@ export async function trainCommand(args: string[]): Promise<void> {
       log: (line) => process.stderr.write(`${quiet ? "" : "\n"}${line}\n`),
       onProgress: (e) => {
         if (e.kind === "iteration") {
+          tokens += e.row["tokens/sampled"] ?? 0;
           lastReward = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}`;
-          bar.update(e.iteration, lastReward);
+          bar.update(at(e.iteration), budget ? `iteration ${e.iteration}  ${lastReward}` : lastReward);
         } else if (e.kind === "phase") {
           const count = e.total ? ` ${e.done}/${e.total}` : "";
-          bar.update(e.iteration, `${e.phase}${count}  ${lastReward}`);
+          bar.update(at(e.iteration), `${e.phase}${count}  ${lastReward}`);
         }
       },
     });
     bar.finish();
     interrupt.dispose();
-    const { RunDir } = await import("../train/rundir.ts");
     process.stdout.write(`\n${summaryTable(summary, new RunDir(runDir).readMetrics() as MetricsRow[])}`);
     process.stdout.write(`run directory: ${runDir}\n`);
     process.stdout.write(`report: ${writeRunReport(runDir)} (live: marft dashboard ${dirname(runDir)})\n`);

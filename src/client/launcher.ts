@@ -213,8 +213,13 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
     child.ref();
     child.kill("SIGTERM");
     const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);
+    // The child is unref'd: once the SIGKILL timer has fired, nothing else may keep the event loop
+    // alive until its exit is seen, and Node would quit mid-await (exit code 13, "unsettled
+    // top-level await"). Seen on loaded machines where an engine takes over 10 s to stop.
+    const alive = setInterval(() => {}, 1000);
     await exited;
     clearTimeout(timer);
+    clearInterval(alive);
   };
   return { client, url, token, stop, process: child };
 }

@@ -19,5 +19,10 @@ export function adapterOwners(c: RunConfig): AgentConfig[] {
 
 /** What a task needs to know of the team. */
 export function agentSpecs(c: RunConfig): AgentSpec[] {
-  return c.agents.map((a) => ({ id: a.id, role: a.role, systemPrompt: a.systemPrompt }));
+  return c.agents.map((a) => ({
+    id: a.id,
+    role: a.role,
+    systemPrompt: a.systemPrompt,
+    ...(a.label !== undefined ? { label: a.label } : {}),
+  }));
 }

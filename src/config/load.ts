@@ -52,18 +52,31 @@ export function applySets(raw: unknown, sets: string[]): unknown {
         `${s.slice(0, eq)}: the value is not valid YAML (${(e as Error).message.split("\n")[0]})`,
       ]);
     }
-    let node: Record<string | number, unknown> = root;
-    for (let i = 0; i < path.length - 1; i++) {
-      const k = path[i]!;
-      const next = node[k];
-      if (next === undefined || next === null || typeof next !== "object") {
-        node[k] = typeof path[i + 1] === "number" ? [] : {};
-      }
-      node = node[k] as Record<string | number, unknown>;
-    }
-    node[path[path.length - 1]!] = value;
+    setPath(root, path, value);
   }
   return root;
+}
+
+/** Overrides given as a mapping, path -> value (a compare spec's `set`), applied like --set. */
+export function applyOverrides(raw: unknown, overrides: Readonly<Record<string, unknown>>): unknown {
+  const root = structuredClone(raw ?? {}) as Record<string | number, unknown>;
+  for (const [path, value] of Object.entries(overrides))
+    setPath(root, parseSetPath(path), structuredClone(value));
+  return root;
+}
+
+/** Sets `root[path]`, creating the objects and lists on the way. */
+function setPath(root: Record<string | number, unknown>, path: Array<string | number>, value: unknown): void {
+  let node = root;
+  for (let i = 0; i < path.length - 1; i++) {
+    const k = path[i]!;
+    const next = node[k];
+    if (next === undefined || next === null || typeof next !== "object") {
+      node[k] = typeof path[i + 1] === "number" ? [] : {};
+    }
+    node = node[k] as Record<string | number, unknown>;
+  }
+  node[path[path.length - 1]!] = value;
 }
 
 /** Read a YAML run config, apply overrides, validate. */

@@ -4,6 +4,7 @@
 // section is the union of the task families' own schemas (src/envs/tasks.ts).
 import { z } from "zod";
 import { TaskSchema } from "../envs/tasks.ts";
+import { checkTrainingFlow, DynamicSampling, Replay, TaskScheduler } from "./flow.ts";
 import { name, nonNegInt, nonNegNum, posInt, posNum, unit } from "../fields.ts";
 import { findCycle } from "../flexmg/graph.ts";
 
@@ -107,6 +108,11 @@ const Agent = z
       })
       .describe("unique agent id (also its adapter's name)"),
     role: name().describe("the agent's role; tasks label its messages with it, per-role rewards key on it"),
+    label: name()
+      .optional()
+      .describe(
+        "how the other agents' observations and the transcripts name this agent (default: its role); the role stays what tasks and rewards key on",
+      ),
     systemPrompt: z.string({ error: "expected a string" }).default("").describe("the agent's system prompt"),
     base: name().describe("name of the base model (a key of `bases`)"),
     adapter: z
@@ -294,6 +300,15 @@ const Train = z
       .boolean({ error: "expected true or false" })
       .default(false)
       .describe("also write the metrics as TensorBoard event files under runs/<name>/tensorboard/"),
+    maxSampledTokens: posInt()
+      .nullable()
+      .default(null)
+      .describe(
+        "stop once the training rollouts have sampled this many tokens (checked after each iteration: a run ends within one iteration's tokens of it; train.iterations stays an upper bound); null: iterations only",
+      ),
+    dynamicSampling: DynamicSampling.nullable().default(null),
+    replay: Replay.nullable().default(null),
+    taskScheduler: TaskScheduler.optional(),
   })
   .describe("the schedule of the run");
 
@@ -307,6 +322,20 @@ const Eval = z
     k: nonNegInt().default(0).describe("pass@k with k sampled attempts per task (0: off)"),
   })
   .describe("held-out evaluation");
+
+const TaskEntry = z
+  .strictObject({
+    name: z
+      .string({ error: "expected a task name" })
+      .regex(/^[A-Za-z0-9][A-Za-z0-9_-]*$/, {
+        error: "expected a task name of letters, digits, _ or - (it names metrics: task/<name>/...)",
+      })
+      .describe("the task's name in metrics and evaluation (task/<name>/reward, eval/<name>/accuracy)"),
+    weight: posNum().default(1).describe("the task's share of the draws (relative to the others)"),
+    task: TaskSchema,
+    graph: Graph.optional().describe("this task's dependency graph (default: the run's `graph`)"),
+  })
+  .describe("one task of a multi-task run");
 
 export const RunConfigObject = z.strictObject({
   name: z
@@ -323,7 +352,12 @@ export const RunConfigObject = z.strictObject({
     .min(1, { error: "expected at least one agent" })
     .describe("the team, in profile order"),
   graph: Graph.prefault({ kind: "sequential" }),
-  task: TaskSchema,
+  task: TaskSchema.optional(),
+  tasks: z
+    .array(TaskEntry)
+    .min(1, { error: "expected at least one task" })
+    .optional()
+    .describe("a multi-task run: several tasks with weights (instead of `task`); see train.taskScheduler"),
   critic: Critic.optional(),
   algo: Algo.prefault({}),
   ppo: Ppo.prefault({}),
@@ -455,6 +489,7 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
         input: c.critic.base,
       });
   }
+  checkTrainingFlow(c, ctx, knownIds);
   if (c.algo.estimator === "critic-free" && c.train.samplesPerTask < 2)
     ctx.addIssue({
       code: "custom",
@@ -482,4 +517,5 @@ export const CRITIC_ADAPTER = "critic";
 export type RunConfig = z.output<typeof RunConfigSchema>;
 export type RunConfigInput = z.input<typeof RunConfigSchema>;
 export type AgentConfig = RunConfig["agents"][number];
-export type TaskConfig = RunConfig["task"];
+export type TaskConfig = NonNullable<RunConfig["task"]>;
+export type TaskEntryConfig = NonNullable<RunConfig["tasks"]>[number];

@@ -134,8 +134,9 @@ export interface CompareSeed {
 export interface CompareVariant {
   name: string;
   seeds: CompareSeed[];
-  mean: number;
-  ci95: [number, number];
+  /** null while no seed of the variant has finished (a partial report). */
+  mean: number | null;
+  ci95: [number, number] | null;
   vs_first?: { diff: number; ci95: [number, number]; paired_p: number } | null;
 }
 

@@ -139,8 +139,8 @@ const CompareSchema = z.object({
             wall_s: z.number(),
           }),
         ),
-        mean: z.number(),
-        ci95: ci,
+        mean: z.number().nullable(),
+        ci95: ci.nullable(),
         vs_first: z.object({ diff: z.number(), ci95: ci, paired_p: z.number() }).nullable().optional(),
       }),
     )

@@ -39,16 +39,12 @@ export function makeSuite(task: TaskConfig, baseDir: string): TaskSuite<unknown>
   }
 }
 
-/** Make the task's file paths absolute, so the resolved config in the run directory stands alone. */
-export function resolveTaskPaths<C extends { task: TaskConfig }>(config: C, baseDir: string): C {
-  const t = config.task;
-  if (t.kind !== "math" && t.kind !== "code") return config;
+/** The task with its file paths made absolute, so a resolved config in a run directory stands alone. */
+export function resolveTaskFiles(t: TaskConfig, baseDir: string): TaskConfig {
+  if (t.kind !== "math" && t.kind !== "code") return t;
   return {
-    ...config,
-    task: {
-      ...t,
-      trainFile: resolveFrom(baseDir, t.trainFile),
-      ...(t.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, t.evalFile) } : {}),
-    },
+    ...t,
+    trainFile: resolveFrom(baseDir, t.trainFile),
+    ...(t.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, t.evalFile) } : {}),
   };
 }

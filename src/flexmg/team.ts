@@ -9,7 +9,8 @@
 //   system: agent i's system prompt
 //   user:   the task text (shared, or this agent's own)
 //           + the shared history of earlier steps (e.g. earlier attempts, judge feedback)
-//           + the actions of i's parents in this step, each labelled "<parent's role>: <action>"
+//           + the actions of i's parents in this step, each labelled "<parent's label>: <action>" (the
+//             label is the role unless the profile names another, e.g. to hide roles in an ablation)
 //
 // Concurrency: several agents of one step may be acting at once. `record` is synchronous and must be
 // called at the start of the env's async `act`, before any await, so that two concurrent acts never
@@ -35,6 +36,8 @@ import type { AgentId, AgentSpec, ChatMessage, Env, GraphSpec, Outcome, Rewards 
 export interface Action {
   agent: AgentId;
   role: string;
+  /** What the other agents see it called (the role unless the profile sets a label). */
+  label: string;
   text: string;
   step: number;
 }
@@ -81,7 +84,7 @@ export class TeamEpisode {
     this.log =
       typeof task === "string"
         ? [{ role: "user", content: task }]
-        : this.agents.map((a) => ({ role: "user", content: `${this.role(a)} sees: ${task[a]}` }));
+        : this.agents.map((a) => ({ role: "user", content: `${this.label(a)} sees: ${task[a]}` }));
     this.startStep();
   }
 
@@ -97,6 +100,13 @@ export class TeamEpisode {
     const spec = this.specs.get(agent);
     if (!spec) throw new Error(`unknown agent "${agent}"`);
     return spec.role;
+  }
+
+  /** The name observations and transcripts show for the agent: its label, or else its role. */
+  label(agent: AgentId): string {
+    const spec = this.specs.get(agent);
+    if (!spec) throw new Error(`unknown agent "${agent}"`);
+    return spec.label ?? spec.role;
   }
 
   /** Agents that may act now, in topological (then profile) order. Empty once the episode is over. */
@@ -122,7 +132,7 @@ export class TeamEpisode {
     const spec = this.specs.get(agent)!;
     const parts = [typeof this.task === "string" ? this.task : this.task[agent]!];
     if (this.history.length > 0) parts.push(this.history.join("\n"));
-    const seen = this.parents(agent).map((p) => `${this.role(p)}: ${this.acted.get(p)}`);
+    const seen = this.parents(agent).map((p) => `${this.label(p)}: ${this.acted.get(p)}`);
     if (seen.length > 0) parts.push(seen.join("\n"));
     return [
       { role: "system", content: spec.systemPrompt },
@@ -134,8 +144,8 @@ export class TeamEpisode {
   record(agent: AgentId, text: string): void {
     this.mustBeReady(agent, "act");
     this.acted.set(agent, text);
-    this.all.push({ agent, role: this.role(agent), text, step: this.stepIndex });
-    this.log.push({ role: "assistant", content: `${this.role(agent)}: ${text}` });
+    this.all.push({ agent, role: this.role(agent), label: this.label(agent), text, step: this.stepIndex });
+    this.log.push({ role: "assistant", content: `${this.label(agent)}: ${text}` });
   }
 
   /** The current step's actions, in the order they were taken. */
@@ -207,7 +217,7 @@ export class TeamEpisode {
     this.isOver = true;
   }
 
-  /** The full transcript: task, actions labelled by role, history lines, in the order they happened. */
+  /** The full transcript: task, actions labelled by label (role), history lines, in the order they happened. */
   transcript(): ChatMessage[] {
     return this.log.map((m) => ({ ...m }));
   }

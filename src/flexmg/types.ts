@@ -13,6 +13,8 @@ export interface AgentSpec {
   id: AgentId;
   role: string;
   systemPrompt: string;
+  /** How other agents' observations and transcripts name it (default: the role, which tasks key on). */
+  label?: string;
 }
 
 /**

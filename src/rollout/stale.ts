@@ -4,13 +4,15 @@ import { BASE_ADAPTER } from "../client/compute.ts";
 import type { Episode } from "./types.ts";
 
 /**
- * Throws on the first turn whose adapter version is not the adapter's current version (unless
- * `offPolicy`); returns the number of stale turns. Turns of the bare base (BASE_ADAPTER) never go stale.
+ * Throws on the first turn whose adapter version is not the adapter's current version, unless
+ * `offPolicy` (any age is accepted: the trainer corrects for it) or the turn is at most `maxAge`
+ * versions old (experience replay, whose importance weights correct for it); returns the number of
+ * turns not sampled by the current version. Turns of the bare base (BASE_ADAPTER) never go stale.
  */
 export function checkStaleness(
-  episodes: readonly Episode[],
-  versions: Record<string, number>,
-  opts: { offPolicy?: boolean } = {},
+  episodes: ReadonlyArray<Pick<Episode, "index" | "turns">>,
+  versions: Readonly<Record<string, number>>,
+  opts: { offPolicy?: boolean; maxAge?: number } = {},
 ): { staleTurns: number } {
   let staleTurns = 0;
   for (const ep of episodes) {
@@ -24,11 +26,15 @@ export function checkStaleness(
       }
       if (turn.adapterVersion === now) continue;
       staleTurns++;
-      if (!opts.offPolicy) {
-        throw new Error(
-          `turn ${turn.order} of episode ${ep.index} (agent ${turn.agent}) was sampled by adapter ${turn.adapter} v${turn.adapterVersion}, but it is now v${now}: refusing stale data; set train.offPolicy to allow it`,
-        );
-      }
+      const age = now - turn.adapterVersion;
+      if (opts.offPolicy || (opts.maxAge !== undefined && age > 0 && age <= opts.maxAge)) continue;
+      const why =
+        opts.maxAge !== undefined
+          ? ` older than train.replay.maxAge = ${opts.maxAge} versions`
+          : "; set train.offPolicy to allow it";
+      throw new Error(
+        `turn ${turn.order} of episode ${ep.index} (agent ${turn.agent}) was sampled by adapter ${turn.adapter} v${turn.adapterVersion}, but it is now v${now}: refusing stale data${why}`,
+      );
     }
   }
   return { staleTurns };

@@ -4,6 +4,7 @@
 import { accuracyCi95, mean, passAtK } from "../algo/index.ts";
 import type { ComputeEngine } from "../client/compute.ts";
 import type { RunConfig } from "../config/schema.ts";
+import { MultiTaskSuite, partName } from "../envs/multi.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import { playEpisodes } from "./episodes.ts";
 
@@ -30,6 +31,15 @@ export interface EvalResult {
   k?: number;
   problems: ProblemResult[];
   seconds: number;
+  /** Multi-task runs: pass@1 of each task's problems. */
+  perTask?: Record<string, { accuracy: number; ci95: [number, number]; n: number }>;
+}
+
+/** The held-out problems to score: the first `n` (0: all), of each task in a multi-task run. */
+export function evalTasks(suite: TaskSuite<unknown>, n: number): unknown[] {
+  const first = <T>(xs: readonly T[]) => (n > 0 ? xs.slice(0, n) : [...xs]);
+  if (!(suite instanceof MultiTaskSuite)) return first(suite.eval);
+  return suite.parts.flatMap((p, part) => first(p.suite.eval).map((task) => ({ part, task })));
 }
 
 export interface EvaluateOptions {
@@ -75,6 +85,13 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
     problems,
     seconds: 0,
   };
+  if (o.suite instanceof MultiTaskSuite) {
+    result.perTask = {};
+    for (const p of o.suite.parts) {
+      const mine = problems.filter((x) => partName(x.taskId) === p.name);
+      if (mine.length > 0) result.perTask[p.name] = accuracyCi95(mine.map((x) => x.correct));
+    }
+  }
   const k = o.k ?? 0;
   if (k > 0) {
     const sampled = await playEpisodes({

@@ -3,6 +3,7 @@
 import { type Credit, explainedVariance, mean, std } from "../algo/index.ts";
 import type { Episode, RolloutStats } from "../rollout/index.ts";
 import type { MetricsRow } from "./phases.ts";
+import type { EvalResult } from "./evaluate.ts";
 import type { Step } from "./steps.ts";
 import type { PolicyUpdate } from "./update.ts";
 
@@ -86,4 +87,16 @@ export function valueMetrics(credit: Credit, criticLoss: readonly number[]): Met
     "value/return_mean": mean(returns),
     "loss/value": mean(criticLoss),
   };
+}
+
+/** A held-out evaluation's columns: pass@1 with its interval, pass@k, and per task in a multi-task run. */
+export function evalMetrics(r: EvalResult, k: number): MetricsRow {
+  const row: MetricsRow = {
+    "eval/accuracy": r.accuracy,
+    "eval/ci95_low": r.ci95[0],
+    "eval/ci95_high": r.ci95[1],
+  };
+  if (r.passAtK !== undefined) row[`eval/pass@${k}`] = r.passAtK;
+  for (const [name, t] of Object.entries(r.perTask ?? {})) row[`eval/${name}/accuracy`] = t.accuracy;
+  return row;
 }

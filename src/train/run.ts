@@ -11,8 +11,10 @@ import type { RunConfig } from "../config/schema.ts";
 import { EngineUnreachableError, MarftError, RunStoppedError } from "../errors.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import type { EvalResult } from "./evaluate.ts";
+import { evalMetrics } from "./metrics.ts";
 import type { MetricsRow, ProgressEvent } from "./phases.ts";
 import { RunDir, type TrainerState, writeFileAtomic } from "./rundir.ts";
+import { trainingDone } from "./schedule.ts";
 import { setupEngine } from "./setup.ts";
 import { Trainer } from "./trainer.ts";
 import { WatchFiles } from "./watch.ts";
@@ -190,7 +192,7 @@ async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
     if (c.train.evalAtStart && trainer.state.iteration === 0) {
       summary.eval.before = evalSummary(0, await runEval(0));
     }
-    while (trainer.state.iteration < c.train.iterations) {
+    while (!trainingDone(c, trainer.state)) {
       if (opts.signal?.aborted) {
         summary.stoppedEarly = true;
         break;
@@ -216,15 +218,12 @@ async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
         continue;
       }
       const iteration = trainer.state.iteration;
-      const isLast = iteration === c.train.iterations;
+      const isLast = trainingDone(c, trainer.state);
       if ((c.train.evalEvery > 0 && iteration % c.train.evalEvery === 0) || isLast) {
         const t = performance.now();
         const r = await runEval(iteration);
         if (isLast) summary.eval.after = evalSummary(iteration, r);
-        row["eval/accuracy"] = r.accuracy;
-        row["eval/ci95_low"] = r.ci95[0];
-        row["eval/ci95_high"] = r.ci95[1];
-        if (r.passAtK !== undefined) row[`eval/pass@${c.eval.k}`] = r.passAtK;
+        Object.assign(row, evalMetrics(r, c.eval.k));
         row["time/eval"] = (performance.now() - t) / 1000;
       }
       run.appendMetrics(row);

@@ -27,6 +27,8 @@ import type { RngState } from "../rng.ts";
 import type { MetricsRow } from "./phases.ts";
 
 const MetricsRowSchema = z.record(z.string(), z.number());
+import type { ReplayState } from "./replay.ts";
+import type { SchedulerState } from "./task-source.ts";
 
 /** Write a file so that readers see the old content or the new one, never a torn write. */
 export function writeFileAtomic(path: string, text: string): void {
@@ -54,6 +56,12 @@ export interface TrainerState {
   metricsLines: number;
   /** Adapter versions at save time. */
   adapterVersions: Record<string, number>;
+  /** Tokens the training rollouts of the completed iterations sampled (train.maxSampledTokens counts them). */
+  sampledTokens?: number;
+  /** Multi-task runs: the task scheduler (its PRNG, the tasks' cursors and reward averages). */
+  scheduler?: SchedulerState;
+  /** Experience replay: the buffer (written next to trainer.json as replay.json). */
+  replay?: ReplayState;
 }
 
 export class RunDir {
@@ -279,7 +287,10 @@ export class RunDir {
     mkdirSync(tmp);
     try {
       await saveEngine(join(tmp, "engine"));
-      writeFileAtomic(join(tmp, "trainer.json"), `${JSON.stringify(state, null, 1)}\n`);
+      // the replay buffer holds token ids and log-probs of many turns: its own file, one line
+      const { replay, ...rest } = state;
+      if (replay) writeFileAtomic(join(tmp, "replay.json"), `${JSON.stringify(replay)}\n`);
+      writeFileAtomic(join(tmp, "trainer.json"), `${JSON.stringify(rest, null, 1)}\n`);
       if (existsSync(final)) rmSync(final, { recursive: true, force: true });
       renameSync(tmp, final);
     } catch (e) {
@@ -313,6 +324,8 @@ export class RunDir {
     path ??= this.listCheckpoints().at(-1)?.path;
     if (!path) return undefined;
     const state = JSON.parse(readFileSync(join(path, "trainer.json"), "utf8")) as TrainerState;
+    const replay = join(path, "replay.json");
+    if (existsSync(replay)) state.replay = JSON.parse(readFileSync(replay, "utf8")) as ReplayState;
     return { path, state };
   }
 

@@ -1,7 +1,17 @@
-// Which adapters update in an iteration, and which tasks it trains on.
+// Which adapters update in an iteration, which tasks it trains on, and when the run is done.
 import { adapterOf, adapterOwners, usesCritic } from "../config/derived.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { Rng } from "../rng.ts";
+
+/**
+ * Whether training is over: `train.iterations` are done, or the rollouts have sampled
+ * `train.maxSampledTokens` (checked between iterations, so a run overshoots by less than one
+ * iteration's tokens; every variant of a comparison stops by the same rule).
+ */
+export function trainingDone(c: RunConfig, s: { iteration: number; sampledTokens?: number }): boolean {
+  if (s.iteration >= c.train.iterations) return true;
+  return c.train.maxSampledTokens !== null && (s.sampledTokens ?? 0) >= c.train.maxSampledTokens;
+}
 
 /** The adapters that update in iteration `it` under the schedule (critic warm-up: none). */
 export function updatingAdapters(c: RunConfig, it: number): string[] {

@@ -3,21 +3,30 @@
 //
 // All randomness of the loop (task order, sample seeds, minibatch order) comes from one seeded PRNG
 // whose state is checkpointed, so on CPU a resumed run reproduces the uninterrupted run's metrics.
-import { type Credit, ESTIMATORS, normalizeCredit, ZeroAdvantageDetector } from "../algo/index.ts";
+import {
+  type Credit,
+  ESTIMATORS,
+  flatGroups,
+  normalizeCredit,
+  ZeroAdvantageDetector,
+} from "../algo/index.ts";
 import { adapterVersions, type ComputeEngine } from "../client/compute.ts";
-import { adapterOf, usesCritic } from "../config/derived.ts";
+import { adapterOf, adapterOwners, usesCritic } from "../config/derived.ts";
 import { CRITIC_ADAPTER, type RunConfig } from "../config/schema.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import { Rng } from "../rng.ts";
-import { checkStaleness, type RolloutResult } from "../rollout/index.ts";
+import { checkStaleness } from "../rollout/index.ts";
+import { type Batch, sampleBatch } from "./dynamic.ts";
 import { playEpisodes } from "./episodes.ts";
-import { type EvalResult, evaluate } from "./evaluate.ts";
+import { type EvalResult, evalTasks, evaluate } from "./evaluate.ts";
 import * as metrics from "./metrics.ts";
 import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
+import { correctReplayed, ReplayBuffer, replayAdapterMetrics } from "./replay.ts";
 import type { TrainerState } from "./rundir.ts";
-import { tasksAt, updatingAdapters } from "./schedule.ts";
+import { updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
 import type { TrainedBatch } from "./transcripts.ts";
+import { TaskSource } from "./task-source.ts";
 import { criticValues, type PolicyItem, recomputeLogprobs, updateCritic, updatePolicy } from "./update.ts";
 
 export interface TrainerOptions {
@@ -38,6 +47,10 @@ export class Trainer {
   tokensSampled = 0;
   /** The last iteration's episodes, steps and advantages as trained (for transcripts.jsonl). */
   lastBatch: TrainedBatch | undefined;
+  private readonly tasks: TaskSource;
+  private readonly replay: ReplayBuffer | null;
+  /** Fresh and replayed actions trained this iteration (the replay ratio). */
+  private trainedCounts = { fresh: 0, replayed: 0 };
   private readonly log: (line: string) => void;
   private readonly onProgress: (e: ProgressEvent) => void;
 
@@ -55,8 +68,11 @@ export class Trainer {
       zeroAdvantageBatches: {},
       metricsLines: 0,
       adapterVersions: {},
+      sampledTokens: 0,
     };
     this.rng = new Rng(this.state.rng);
+    this.tasks = new TaskSource(config, suite, this.state);
+    this.replay = config.train.replay ? new ReplayBuffer(config.train.replay, this.state.replay) : null;
     for (const [a, n] of Object.entries(this.state.zeroAdvantageBatches)) this.detector.zeroBatches[a] = n;
     this.log = opts.log ?? (() => {});
     this.onProgress = opts.onProgress ?? (() => {});
@@ -75,8 +91,9 @@ export class Trainer {
     const it = this.state.iteration;
     const phases = new Phases(it, this.onProgress);
 
-    // 1. rollout: the team plays this iteration's tasks; no turn may come from an outdated adapter
-    const { episodes, stats } = await phases.run("rollout", (progress) => this.rollout(progress));
+    // 1. rollout: the team plays this iteration's tasks (under dynamic sampling, groups without signal
+    //    are replaced by fresh tasks); no turn may come from an outdated adapter
+    const { episodes, stats, sampling } = await phases.run("rollout", (progress) => this.rollout(progress));
     const stale = checkStaleness(episodes, this.versions, { offPolicy: c.train.offPolicy });
 
     // 2. steps: every action, with the env's per-action rewards and its routed share of the outcome
@@ -89,13 +106,14 @@ export class Trainer {
     this.checkZero(raw, agents);
     const advantages = normalizeAdvantages(raw, agents, c.algo);
 
-    // 4. PPO on each adapter the schedule updates
+    // 4. PPO on each adapter the schedule updates (with replayed actions under experience replay)
     const policy: MetricsRow = {};
     for (const adapter of updatingAdapters(c, it)) {
       const mine = this.itemsOf(adapter, steps, advantages);
       const update = () => this.updatePolicy(adapter, mine);
       if (mine.length > 0) Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
     }
+    const replay = this.replay ? this.remember(steps, advantages) : {};
 
     // 5. the critic towards the returns
     const critic = usesCritic(c)
@@ -111,29 +129,45 @@ export class Trainer {
       iteration: it + 1,
       ...metrics.rolloutMetrics(stats, stale.staleTurns),
       ...metrics.rewardMetrics(episodes, steps, ids),
+      ...sampling,
       ...metrics.advantageMetrics(raw, agents, ids, this.detector.zeroBatches, this.detector.eps),
       ...policy,
+      ...replay,
       ...(critic ? metrics.valueMetrics(raw, critic.loss) : {}),
       ...phases.times,
     };
   }
 
-  /** The rollout of this iteration: the next tasks of the data stream, a fresh seed from the loop's PRNG. */
-  private async rollout(onProgress: (done: number, total: number) => void): Promise<RolloutResult> {
+  /**
+   * The rollout of this iteration: the next tasks of the data stream (or the task scheduler's mix),
+   * a fresh seed from the loop's PRNG per rollout; refilled under dynamic sampling.
+   */
+  private async rollout(
+    onProgress: (done: number, total: number) => void,
+  ): Promise<Batch & { sampling: MetricsRow }> {
     const c = this.config;
-    const tasks = tasksAt(c.seed, this.suite.train.length, this.state.dataCursor, c.train.tasksPerIter);
-    this.state.dataCursor += c.train.tasksPerIter;
-    const r = await playEpisodes({
-      engine: this.engine,
-      suite: this.suite,
-      config: c,
-      tasks: tasks.map((i) => this.suite.train[i]),
-      samplesPerTask: c.train.samplesPerTask,
-      seed: this.rng.seed(),
-      onProgress,
+    this.tasks.begin();
+    const batch = await sampleBatch({
+      tasksPerIter: c.train.tasksPerIter,
+      dynamic: c.train.dynamicSampling,
+      next: (count) => this.tasks.next(count),
+      play: (tasks) =>
+        playEpisodes({
+          engine: this.engine,
+          suite: this.suite,
+          config: c,
+          tasks,
+          samplesPerTask: c.train.samplesPerTask,
+          seed: this.rng.seed(),
+          onProgress,
+        }),
+      flat: (episodes) =>
+        flatGroups(creditBatch(toSteps(episodes, this.roleOf, c.algo.rewardRouting), episodes, null).steps),
     });
-    this.tokensSampled += r.stats.tokensSampled;
-    return r;
+    this.tasks.observe(batch.sampled);
+    this.tokensSampled += batch.stats.tokensSampled;
+    this.state.sampledTokens = (this.state.sampledTokens ?? 0) + batch.stats.tokensSampled;
+    return { ...batch, sampling: { ...batch.metrics, ...this.tasks.metrics(batch.sampled) } };
   }
 
   /** Counts (and warns about) agents whose raw advantages are all zero: they get no gradient. */
@@ -149,6 +183,8 @@ export class Trainer {
   private advance(): void {
     this.state = {
       ...this.state,
+      ...this.tasks.save(),
+      ...(this.replay ? { replay: this.replay.state() } : {}),
       iteration: this.state.iteration + 1,
       rng: this.rng.state(),
       zeroAdvantageBatches: { ...this.detector.zeroBatches },
@@ -171,9 +207,44 @@ export class Trainer {
       row[`logprob_mismatch/${adapter}`] = re.mismatch;
       items = items.map((x, i) => ({ ...x, oldLogprobs: re.oldLogprobs[i]! }));
     }
+    if (this.replay) {
+      const replayed = await this.replayed(adapter, items.length);
+      items = [...items, ...replayed.items];
+      Object.assign(row, replayed.row);
+    }
     const u = await updatePolicy(this.engine, adapter, items, c.ppo, this.rng);
     this.versions[adapter] = u.version;
     return { ...row, ...metrics.policyMetrics(adapter, u, c.ppo.klCoef) };
+  }
+
+  /** Experience replay: `reuse` replayed actions of `adapter` per fresh one, IS-corrected. */
+  private async replayed(adapter: string, fresh: number): Promise<{ items: PolicyItem[]; row: MetricsRow }> {
+    const opts = this.config.train.replay!;
+    const drawn = this.replay!.draw(adapter, Math.round(opts.reuse * fresh), this.versions, this.rng);
+    const r = await correctReplayed(this.engine, adapter, drawn, this.versions, opts);
+    this.trainedCounts.fresh += fresh;
+    this.trainedCounts.replayed += r.items.length;
+    return { items: r.items, row: replayAdapterMetrics(adapter, r, opts.clip) };
+  }
+
+  /** After the updates: this batch's actions of trainable adapters join the replay buffer. */
+  private remember(steps: readonly Step[], advantages: number[][]): MetricsRow {
+    const trainable = new Set(
+      adapterOwners(this.config)
+        .filter((a) => a.trainable)
+        .map((a) => a.id),
+    );
+    const items = steps.flatMap((step, i) => {
+      const adapter = this.adapterOf(step);
+      return trainable.has(adapter) ? [{ step, advantages: advantages[i]!, adapter }] : [];
+    });
+    this.replay!.add(items);
+    const { fresh, replayed } = this.trainedCounts;
+    this.trainedCounts = { fresh: 0, replayed: 0 };
+    return {
+      "replay/ratio": fresh + replayed > 0 ? replayed / (fresh + replayed) : 0,
+      "replay/size": this.replay!.size,
+    };
   }
 
   /** The actions whose turns `adapter` sampled, with their advantages. */
@@ -190,7 +261,7 @@ export class Trainer {
       engine: this.engine,
       suite: this.suite,
       config: c,
-      tasks: c.eval.n > 0 ? this.suite.eval.slice(0, c.eval.n) : this.suite.eval,
+      tasks: evalTasks(this.suite, c.eval.n),
       greedy: c.eval.greedy,
       k: c.eval.k,
       // eval seeds are fixed, not drawn from the loop's PRNG: evaluating must not change training

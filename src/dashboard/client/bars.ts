@@ -100,8 +100,8 @@ export function compareView(c: CompareData): HTMLElement {
       { "data-variant": v.name },
       h("td", {}, h("span", { class: "swatch", style: `background:${colorOf(i)}` }), v.name),
       h("td", { class: "num" }, String(v.seeds.length)),
-      h("td", { class: "num" }, pct(v.mean)),
-      h("td", { class: "num" }, interval(v.ci95)),
+      h("td", { class: "num" }, v.mean === null ? "–" : pct(v.mean)),
+      h("td", { class: "num" }, v.ci95 === null ? "–" : interval(v.ci95)),
       h(
         "td",
         { class: "num" },
@@ -145,12 +145,11 @@ export function compareView(c: CompareData): HTMLElement {
     ),
     barChart(
       "held-out accuracy per variant: mean over seeds, 95% CI, one dot per seed",
-      c.variants.map((v) => ({
-        name: v.name,
-        value: v.mean,
-        ci95: v.ci95,
-        points: v.seeds.map((s) => s.accuracy),
-      })),
+      c.variants.flatMap((v) =>
+        v.mean === null || v.ci95 === null
+          ? []
+          : [{ name: v.name, value: v.mean, ci95: v.ci95, points: v.seeds.map((s) => s.accuracy) }],
+      ),
       "compare",
     ),
   );

@@ -149,7 +149,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
     this.attemptRewards.push(score);
 
     const attempt = this.team.step + 1;
-    const lines = this.team.stepActions().map((x) => `${x.role}: ${x.text}`);
+    const lines = this.team.stepActions().map((x) => `${x.label}: ${x.text}`);
     this.team.addHistory(`Attempt ${attempt}:\n${lines.join("\n")}`);
     this.team.addHistory(`The answer is ${correct ? "correct" : "incorrect"}.`);
     const over = correct || attempt >= this.attempts;
