@@ -18,12 +18,17 @@ export { type RewardRouting, routeRewards } from "./rewards.ts";
 export { DEFAULT_ZERO_EPS, normalizePerAgent, ZeroAdvantageDetector } from "./normalize.ts";
 export {
   accuracyCi95,
+  chiSquareGoodnessOfFit,
   explainedVariance,
   mean,
+  meanInterval,
   normalCdf,
+  pairedDifference,
   pairedTest,
+  pairedTTest,
   passAtK,
   std,
   twoProportionZTest,
   wilsonInterval,
 } from "./stats.ts";
+export { chiSquareSurvival, studentTCdf, studentTQuantile } from "./distributions.ts";

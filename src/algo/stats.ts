@@ -1,5 +1,6 @@
 // Statistics for logging and evaluation: explained variance of the critic, accuracy with a 95%
 // confidence interval, tests that say whether a change is more than chance, and unbiased pass@k.
+import { chiSquareSurvival, studentTCdf, studentTQuantile } from "./distributions.ts";
 
 /** Arithmetic mean; NaN for an empty array (as numpy). */
 export function mean(xs: readonly number[]): number {
@@ -164,4 +165,107 @@ export function passAtK(n: number, c: number, k: number): number {
   let missAll = 1;
   for (let i = n - c + 1; i <= n; i++) missAll *= 1 - k / i;
   return 1 - missAll;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Comparing variants (marft compare): a mean over seeds with its t-interval, paired tests between two
+// variants, and a goodness-of-fit test (the task scheduler's tests).
+
+const Z95 = 1.959963984540054;
+
+/**
+ * Mean of per-seed results with a two-sided 95% t-interval, mean ± t(0.975, n − 1) · s / √n, s the
+ * sample standard deviation (divisor n − 1). With one value there is no interval (null): the spread
+ * between seeds is unknown, and a single run must not look certain.
+ *   xs [S] → { mean, ci95, sd, n }
+ */
+export function meanInterval(xs: readonly number[]): {
+  mean: number;
+  ci95: [number, number] | null;
+  sd: number;
+  n: number;
+} {
+  const n = xs.length;
+  if (n === 0) throw new Error("meanInterval: no values");
+  const m = mean(xs);
+  if (n < 2) return { mean: m, ci95: null, sd: Number.NaN, n };
+  const sd = std(xs, 1);
+  const half = (studentTQuantile(0.975, n - 1) * sd) / Math.sqrt(n);
+  return { mean: m, ci95: [m - half, m + half], sd, n };
+}
+
+/**
+ * Paired t-test of b − a (e.g. per-seed accuracies of a variant and of the first variant, seed with
+ * seed): t = mean(d) / (s_d / √n) with n − 1 degrees of freedom, two-sided p, and the t-interval of
+ * mean(d). Needs n >= 2. All differences equal: p = 1 if they are 0, else 0 (no spread at all).
+ *   a [S], b [S]
+ */
+export function pairedTTest(
+  a: readonly number[],
+  b: readonly number[],
+): { diff: number; ci95: [number, number]; t: number; p: number; n: number } {
+  if (a.length !== b.length) throw new Error(`pairedTTest: ${a.length} and ${b.length} values`);
+  if (a.length < 2) throw new Error(`pairedTTest: needs at least 2 pairs, got ${a.length}`);
+  const d = b.map((x, i) => x - a[i]!);
+  const { mean: m, ci95, sd, n } = meanInterval(d);
+  if (!(sd > 0))
+    return { diff: m, ci95: [m, m], t: m === 0 ? 0 : Math.sign(m) * Infinity, p: m === 0 ? 1 : 0, n };
+  const t = m / (sd / Math.sqrt(n));
+  return { diff: m, ci95: ci95!, t, p: Math.min(1, 2 * (1 - studentTCdf(Math.abs(t), n - 1))), n };
+}
+
+/**
+ * Paired difference of two success rates on the SAME problems, b − a: `improved` problems b solved
+ * and a did not, `worsened` the reverse; diff = (improved − worsened) / n. The interval is Agresti
+ * and Min's (2005): the Wald interval after adding 1/2 to each of the four cells of the 2x2 table
+ * (n + 2 pairs), which keeps its coverage near 95% at small counts; p is the exact McNemar test.
+ *   a [N], b [N] → diff, ci95, p
+ */
+export function pairedDifference(
+  a: readonly boolean[],
+  b: readonly boolean[],
+): { diff: number; ci95: [number, number]; p: number; improved: number; worsened: number; n: number } {
+  const { p, improved, worsened, n } = pairedTest(a, b);
+  if (n === 0) throw new Error("pairedDifference: no pairs");
+  const m = n + 2;
+  const pi = (improved + 0.5) / m;
+  const pw = (worsened + 0.5) / m;
+  const d = pi - pw;
+  const half = Z95 * Math.sqrt((pi + pw - d * d) / m);
+  return {
+    diff: (improved - worsened) / n,
+    ci95: [Math.max(-1, d - half), Math.min(1, d + half)],
+    p,
+    improved,
+    worsened,
+    n,
+  };
+}
+
+/**
+ * Pearson's chi-square goodness of fit of category counts to probabilities:
+ * X² = Σ (O − E)² / E with E = N p, df = K − 1 (categories with p = 0 must have no counts).
+ *   observed [K], probs [K] (summing to 1)
+ */
+export function chiSquareGoodnessOfFit(
+  observed: readonly number[],
+  probs: readonly number[],
+): { stat: number; df: number; p: number } {
+  if (observed.length !== probs.length || observed.length < 2) {
+    throw new Error(`chiSquareGoodnessOfFit: ${observed.length} counts for ${probs.length} probabilities`);
+  }
+  const total = observed.reduce((s, x) => s + x, 0);
+  let stat = 0;
+  let k = 0;
+  observed.forEach((o, i) => {
+    const e = total * probs[i]!;
+    if (e === 0) {
+      if (o > 0) stat = Infinity;
+      return;
+    }
+    stat += (o - e) ** 2 / e;
+    k++;
+  });
+  const df = k - 1;
+  return { stat, df, p: stat === Infinity ? 0 : chiSquareSurvival(stat, df) };
 }
