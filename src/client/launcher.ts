@@ -202,6 +202,10 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
 
   const stop = async (graceMs = 10_000): Promise<void> => {
     if (child.exitCode !== null || child.signalCode !== null) return;
+    // Waiting for the exit needs a referenced handle: with the child unref'd, an engine slower to exit
+    // than the grace period left Node's event loop empty once the SIGKILL timer fired, and the CLI
+    // exited (code 13) in the middle of `marft demo`, between the team's run and the baseline's.
+    child.ref();
     child.kill("SIGTERM");
     const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);
     await exited;
