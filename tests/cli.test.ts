@@ -3,7 +3,7 @@ import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { formatNumber, Progress, table } from "../src/cli/progress.ts";
 import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
 
@@ -138,6 +138,30 @@ describe("progress and tables", () => {
     });
     bar.tick();
     expect(tty[0]!.startsWith("\r\u001b[2Keval [############............] 1/2")).toBe(true);
+  });
+
+  it("plain lines keep coming while nothing reports progress (a heartbeat), and stop at the end", () => {
+    vi.useFakeTimers();
+    try {
+      const lines: string[] = [];
+      const bar = new Progress("eval", 200, {
+        stream: { write: (s: string) => lines.push(s) },
+        plainEveryMs: 30_000,
+      });
+      bar.update(3, "team after");
+      expect(lines).toHaveLength(1);
+      vi.advanceTimersByTime(10 * 60_000); // ten silent minutes
+      // one line per 30 s at least, never more often than that
+      expect(lines.length).toBeGreaterThanOrEqual(20);
+      expect(lines.length).toBeLessThanOrEqual(21);
+      expect(lines.at(-1)).toMatch(/^eval \[.*\] 3\/200 {2}600\.0s {2}team after\n$/);
+      bar.finish();
+      const n = lines.length;
+      vi.advanceTimersByTime(5 * 60_000);
+      expect(lines.length).toBe(n);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it("aligns a table", () => {

@@ -148,7 +148,10 @@ export async function train(opts: TrainOptions): Promise<Summary> {
   };
 
   const runEval = async (iteration: number): Promise<EvalResult> => {
-    const r = await trainer.evaluate();
+    // an evaluation is a phase of its own for progress bars: it can take minutes
+    const r = await trainer.evaluate((done, total) =>
+      onProgress({ kind: "phase", iteration, phase: "eval", done, total }),
+    );
     onProgress({ kind: "eval", iteration, result: r });
     log(
       `eval @ iteration ${iteration}: accuracy ${r.accuracy.toFixed(3)} [${r.ci95[0].toFixed(3)}, ${r.ci95[1].toFixed(3)}] (n=${r.n})` +
@@ -214,7 +217,9 @@ export async function train(opts: TrainOptions): Promise<Summary> {
     summary.engineRestarts = restarts;
     summary.tokensSampled = trainer.tokensSampled;
     summary.wallSeconds = (performance.now() - t0) / 1000;
-    const rewards = run.readMetrics().flatMap((r) => (r["reward/mean"] === undefined ? [] : [r["reward/mean"]]));
+    const rewards = run
+      .readMetrics()
+      .flatMap((r) => (r["reward/mean"] === undefined ? [] : [r["reward/mean"]]));
     summary.firstRewards = rewards.slice(0, 3);
     summary.lastRewards = rewards.slice(-3);
     writeFileAtomic(run.summaryPath, `${JSON.stringify(summary, null, 2)}\n`);
