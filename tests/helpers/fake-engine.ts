@@ -2,7 +2,12 @@
 // engine). It records every call in order, samples deterministic text from each request's seed,
 // scores every weighted token with log-prob -1, gives the critic V = 0.5 everywhere, and answers
 // training calls with fixed statistics; optim_step bumps the adapter's version as the real one does.
-import { BASE_ADAPTER, type CallOptions, type ComputeEngine, type Schemas } from "../../src/client/compute.ts";
+import {
+  BASE_ADAPTER,
+  type CallOptions,
+  type ComputeEngine,
+  type Schemas,
+} from "../../src/client/compute.ts";
 import { EngineRefusedError } from "../../src/errors.ts";
 import { mixSeed } from "../../src/rng.ts";
 
