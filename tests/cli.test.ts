@@ -10,12 +10,12 @@ import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
 const ROOT = join(import.meta.dirname, "..");
 const CONFIG = join(ROOT, "configs", "tiny-secret.yaml");
 
-function marft(args: string[]) {
+function marft(args: string[], timeout = 120_000) {
   return spawnSync(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
     cwd: ROOT,
     env: { ...process.env, ...TEST_ENGINE_ENV },
     encoding: "utf8",
-    timeout: 120_000,
+    timeout,
   });
 }
 
@@ -84,6 +84,58 @@ describe("train and eval from the command line", () => {
     const r = marft(["eval", CONFIG, "--data", "x.jsonl"]);
     expect(r.status).toBe(1);
     expect(r.stderr).toContain('--data: task "secret" generates its problems');
+  });
+});
+
+describe("marft demo", () => {
+  it("trains a team and a single agent on the same token budget and writes the comparison", () => {
+    // The demo's own configs on the tiny random-init model: the whole path, in a minute or two.
+    const out = join(mkdtempSync(join(tmpdir(), "marft-demo-")), "demo");
+    const tiny = (flag: string) => [
+      flag,
+      "bases.smol.source=tiny:llama",
+      flag,
+      "critic.layers=[-1]",
+      flag,
+      "train.tasksPerIter=4",
+    ];
+    const r = marft(
+      [
+        "demo",
+        "--iterations",
+        "1",
+        "--eval",
+        "3",
+        "--train-problems",
+        "20",
+        "--out",
+        out,
+        ...tiny("--set"),
+        ...tiny("--set-baseline"),
+      ],
+      // three engine starts (team, single agent, its evaluation)
+      300_000,
+    );
+    expect(r.status, r.stderr).toBe(0);
+    const s = JSON.parse(readFileSync(join(out, "summary.json"), "utf8"));
+    expect(s.team).toEqual(["stepper", "actor"]);
+    expect(s.eval.before.n).toBe(3);
+    expect(s.baseline.after.n).toBe(3);
+    // the single agent trained until it had sampled at least the team's tokens
+    expect(s.baseline.sampled_tokens).toBeGreaterThanOrEqual(s.sampled_tokens);
+    expect(Object.keys(s.comparison).sort()).toEqual(
+      ["ci95", "method", "paired_p", "per_seed", "same_sign", "seeds", "team_minus_baseline"].sort(),
+    );
+    expect(s.comparison.seeds).toEqual([1]);
+    expect(s.test_tokens_per_problem.team).toBeGreaterThan(0);
+    // off a terminal, progress comes as plain lines, the evaluations included (the heartbeat of a
+    // silent phase is tested with the Progress class below)
+    expect(r.stderr).toMatch(/^seed 1 team \[/m);
+    expect(r.stderr).toMatch(/^seed 1 single agent eval \[/m);
+    expect(r.stdout).toMatch(/team - single agent \(1 seed\)/);
+    const bad = marft(["demo", "--seeds", "1,x"]);
+    expect(bad.status).toBe(1);
+    expect(bad.stderr).toContain('--seeds: expected a list like 1,2,3, got "1,x"');
   });
 });
 

@@ -55,7 +55,10 @@ describe("loadMathProblems errors and splits", () => {
   });
 
   it("keeps intermediate results where a row has them", () => {
-    const f = file("t.jsonl", '{"problem":"5+3-2","answer":"6","steps":[8]}\n{"problem":"1+1","answer":"2"}\n');
+    const f = file(
+      "t.jsonl",
+      '{"problem":"5+3-2","answer":"6","steps":[8]}\n{"problem":"1+1","answer":"2"}\n',
+    );
     const [a, b] = loadMathProblems(f);
     expect(a!.steps).toEqual(["8"]);
     expect(b!.steps).toBeUndefined();

@@ -150,7 +150,7 @@ describe("MathEnv episodes", () => {
       { id: "stepper", role: "stepper", systemPrompt: "The count after the first change." },
       { id: "actor", role: "actor", systemPrompt: "The final count." },
     ];
-    const opts = { extract: "last-number", answerRoles: ["actor"], stepRoles: ["stepper"] } as const;
+    const opts = { extract: "last-number" as const, answerRoles: ["actor"], stepRoles: ["stepper"] };
     const env = new MathEnv(team, { kind: "sequential" }, opts);
     const p: MathProblem = { id: "s", problem: "Has 5, gets 3, loses 2.", answer: "6", steps: ["8"] };
     const right = await play(env, p, { stepper: ["8"], actor: ["8 - 2 = 6"] });
