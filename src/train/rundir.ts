@@ -22,7 +22,9 @@ import { DataError } from "../errors.ts";
 import type { RngState } from "../rng.ts";
 import type { MetricsRow } from "./phases.ts";
 
-const MetricsRowSchema = z.record(z.string(), z.number());
+// JSON has no NaN: JSON.stringify writes a NaN metric (the critic's explained variance when every
+// return of the batch is equal) as null, so null reads back as NaN.
+const MetricsRowSchema = z.record(z.string(), z.union([z.number(), z.null().transform(() => Number.NaN)]));
 
 /** Write a file so that readers see the old content or the new one, never a torn write. */
 export function writeFileAtomic(path: string, text: string): void {
