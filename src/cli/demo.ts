@@ -24,6 +24,9 @@ import { renderReport } from "./report.ts";
 import { engineConnector, reportError } from "./train.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
+// A sample call answers when its row is done, and a 200-problem evaluation queues every row at once:
+// on a loaded 2-core machine one call waited more than the client's default 10 minutes.
+const ENGINE = { timeoutMs: 3_600_000 };
 
 const USAGE = `usage: marft demo [options]
 
@@ -121,7 +124,7 @@ async function trainJob(
     configDir: join(REPO, "configs"),
     runDir,
     suite: suite as TaskSuite<unknown>,
-    connect: engineConnector(config, join(runDir, "engine.log")),
+    connect: engineConnector(config, join(runDir, "engine.log"), ENGINE),
     log: (line) => process.stderr.write(`\n${label}: ${line}\n`),
     signal: stop.signal,
     onProgress: (e) => {
@@ -143,7 +146,7 @@ async function evaluateRun(
   suite: TaskSuite<MathProblem>,
   voteFor: (greedy: EvalResult) => number,
 ): Promise<{ after: EvalResult; vote?: VoteResult }> {
-  const handle = await engineConnector(config, join(runDir, "engine-eval.log"))();
+  const handle = await engineConnector(config, join(runDir, "engine-eval.log"), ENGINE)();
   try {
     await setupEngine(handle.client, config);
     const ckpt = new RunDir(runDir).latestCheckpoint();

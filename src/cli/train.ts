@@ -26,6 +26,8 @@ options:
 export interface EngineChoice {
   url?: string;
   tokenEnv?: string;
+  /** Per-call timeout of a locally started engine's client (default: the client's). */
+  timeoutMs?: number;
 }
 
 /** Connect to the configured remote engine, or start a local one logging into the run directory. */
@@ -48,7 +50,7 @@ export function engineConnector(
     env["OMP_NUM_THREADS"] = String(c.engine.threads);
     env["MKL_NUM_THREADS"] = String(c.engine.threads);
   }
-  return () => startLocalEngine({ device: c.engine.device, logFile, env });
+  return () => startLocalEngine({ device: c.engine.device, logFile, env, timeoutMs: override.timeoutMs });
 }
 
 /** Print a config error (exit 2) or rethrow anything else. */

@@ -149,6 +149,13 @@ export async function train(opts: TrainOptions): Promise<Summary> {
 
   const runEval = async (iteration: number): Promise<EvalResult> => {
     // an evaluation is a phase of its own for progress bars: it can take minutes
+    onProgress({
+      kind: "phase",
+      iteration,
+      phase: "eval",
+      done: 0,
+      total: c.eval.n > 0 ? Math.min(c.eval.n, opts.suite.eval.length) : opts.suite.eval.length,
+    });
     const r = await trainer.evaluate((done, total) =>
       onProgress({ kind: "phase", iteration, phase: "eval", done, total }),
     );
