@@ -93,14 +93,18 @@ function withDtypes(c: RunConfig, bf16: boolean): RunConfig {
 }
 
 /** A progress bar for one job, fed by the training loop's events (phases, iterations, evaluations). */
-function progressFor(label: string, total: number) {
+function progressFor(label: string, total: number, maxTokens?: number) {
   const bar = new Progress(label, total);
   let last = "";
+  let tokens = 0;
   const evals: EvalResult[] = [];
   const onProgress = (e: Parameters<NonNullable<Parameters<typeof train>[0]["onProgress"]>>[0]) => {
     if (e.kind === "eval") evals.push(e.result);
     else if (e.kind === "iteration") {
-      last = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}`;
+      tokens += e.row["tokens/sampled"] ?? 0;
+      // a budgeted job's iteration count is only a cap: the tokens say how far it is
+      const budget = maxTokens === undefined ? "" : `  tokens ${tokens}/${maxTokens}`;
+      last = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}${budget}`;
       bar.update(e.iteration, last);
     } else bar.update(e.iteration, `${e.phase}${e.total ? ` ${e.done}/${e.total}` : ""}  ${last}`);
   };
@@ -116,7 +120,7 @@ async function trainJob(
   maxTokens?: number,
 ): Promise<{ summary: Summary; evals: EvalResult[]; metrics: MetricsRow[] }> {
   rmSync(runDir, { recursive: true, force: true });
-  const p = progressFor(label, config.train.iterations);
+  const p = progressFor(label, config.train.iterations, maxTokens);
   const stop = new AbortController();
   let tokens = 0;
   const summary = await train({
