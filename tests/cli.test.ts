@@ -136,7 +136,7 @@ describe("marft demo", () => {
     const bad = marft(["demo", "--seeds", "1,x"]);
     expect(bad.status).toBe(1);
     expect(bad.stderr).toContain('--seeds: expected a list like 1,2,3, got "1,x"');
-  });
+  }, 330_000);
 });
 
 describe("marft engine serve", () => {
