@@ -91,13 +91,15 @@ describe("marft demo", () => {
   it("trains a team and a single agent on the same token budget and writes the comparison", () => {
     // The demo's own configs on the tiny random-init model: the whole path, in a minute or two.
     const out = join(mkdtempSync(join(tmpdir(), "marft-demo-")), "demo");
-    const tiny = (flag: string) => [
+    // the random-init model writes until its token limit: short limits keep the rollouts cheap
+    const tiny = (flag: string, agents: number) => [
       flag,
       "bases.smol.source=tiny:llama",
       flag,
       "critic.layers=[-1]",
       flag,
       "train.tasksPerIter=4",
+      ...Array.from({ length: agents }, (_, i) => [flag, `agents[${i}].sampling.maxNewTokens=4`]).flat(),
     ];
     const r = marft(
       [
@@ -110,11 +112,11 @@ describe("marft demo", () => {
         "20",
         "--out",
         out,
-        ...tiny("--set"),
-        ...tiny("--set-baseline"),
+        ...tiny("--set", 2),
+        ...tiny("--set-baseline", 1),
       ],
-      // three engine starts (team, single agent, its evaluation)
-      300_000,
+      // three engine starts (team, single agent, its evaluation); minutes on a loaded machine
+      600_000,
     );
     expect(r.status, r.stderr).toBe(0);
     const s = JSON.parse(readFileSync(join(out, "summary.json"), "utf8"));
@@ -136,7 +138,7 @@ describe("marft demo", () => {
     const bad = marft(["demo", "--seeds", "1,x"]);
     expect(bad.status).toBe(1);
     expect(bad.stderr).toContain('--seeds: expected a list like 1,2,3, got "1,x"');
-  }, 330_000);
+  }, 630_000);
 });
 
 describe("marft engine serve", () => {
