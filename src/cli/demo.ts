@@ -69,9 +69,9 @@ const accuracyOf = (r: { accuracy: number; ci95: [number, number]; n: number }) 
 const perProblem = (tokens: number, n: number) => Math.round((10 * tokens) / n) / 10;
 
 /**
- * Issue 18: bf16 on a CPU is fast only with AVX512_BF16 or AMX (about 2.5x faster training steps than
- * fp32 here) and far slower without; the demo's configs say `auto`, which the demo makes bf16 where
- * the CPU has them.
+ * Issue 18: bf16 on a CPU is fast only with AVX512_BF16 or AMX and far slower than fp32 without; the
+ * demo's configs say `auto`, which the demo makes bf16 where the CPU has them (the same choice the
+ * engine's `auto` makes once issue 18 lands).
  */
 function cpuHasBf16(): boolean {
   try {
