@@ -3,19 +3,19 @@ import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { formatNumber, Progress, table } from "../src/cli/progress.ts";
 import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const CONFIG = join(ROOT, "configs", "tiny-secret.yaml");
 
-function marft(args: string[]) {
+function marft(args: string[], timeout = 120_000) {
   return spawnSync(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
     cwd: ROOT,
     env: { ...process.env, ...TEST_ENGINE_ENV },
     encoding: "utf8",
-    timeout: 120_000,
+    timeout,
   });
 }
 
@@ -142,6 +142,60 @@ describe("train and eval from the command line", () => {
   });
 });
 
+describe("marft demo", () => {
+  it("trains a team and a single agent on the same token budget and writes the comparison", () => {
+    // The demo's own configs on the tiny random-init model: the whole path, in a minute or two.
+    const out = join(mkdtempSync(join(tmpdir(), "marft-demo-")), "demo");
+    // the random-init model writes until its token limit: short limits keep the rollouts cheap
+    const tiny = (flag: string, agents: number) => [
+      flag,
+      "bases.smol.source=tiny:llama",
+      flag,
+      "critic.layers=[-1]",
+      flag,
+      "train.tasksPerIter=4",
+      ...Array.from({ length: agents }, (_, i) => [flag, `agents[${i}].sampling.maxNewTokens=4`]).flat(),
+    ];
+    const r = marft(
+      [
+        "demo",
+        "--iterations",
+        "1",
+        "--eval",
+        "3",
+        "--train-problems",
+        "20",
+        "--out",
+        out,
+        ...tiny("--set", 2),
+        ...tiny("--set-baseline", 1),
+      ],
+      // three engine starts (team, single agent, its evaluation); minutes on a loaded machine
+      600_000,
+    );
+    expect(r.status, r.stderr).toBe(0);
+    const s = JSON.parse(readFileSync(join(out, "summary.json"), "utf8"));
+    expect(s.team).toEqual(["stepper", "actor"]);
+    expect(s.eval.before.n).toBe(3);
+    expect(s.baseline.after.n).toBe(3);
+    // the single agent trained until it had sampled at least the team's tokens
+    expect(s.baseline.sampled_tokens).toBeGreaterThanOrEqual(s.sampled_tokens);
+    expect(Object.keys(s.comparison).sort()).toEqual(
+      ["ci95", "method", "paired_p", "per_seed", "same_sign", "seeds", "team_minus_baseline"].sort(),
+    );
+    expect(s.comparison.seeds).toEqual([1]);
+    expect(s.test_tokens_per_problem.team).toBeGreaterThan(0);
+    // off a terminal, progress comes as plain lines, the evaluations included (the heartbeat of a
+    // silent phase is tested with the Progress class below)
+    expect(r.stderr).toMatch(/^seed 1 team \[/m);
+    expect(r.stderr).toMatch(/^seed 1 single agent eval \[/m);
+    expect(r.stdout).toMatch(/team - single agent \(1 seed\)/);
+    const bad = marft(["demo", "--seeds", "1,x"]);
+    expect(bad.status).toBe(1);
+    expect(bad.stderr).toContain('--seeds: expected a list like 1,2,3, got "1,x"');
+  }, 630_000);
+});
+
 describe("marft engine serve", () => {
   it("prints the URL and token, and stops on SIGTERM", async () => {
     const child = spawn(
@@ -193,6 +247,30 @@ describe("progress and tables", () => {
     });
     bar.tick();
     expect(tty[0]!.startsWith("\r\u001b[2Keval [############............] 1/2")).toBe(true);
+  });
+
+  it("plain lines keep coming while nothing reports progress (a heartbeat), and stop at the end", () => {
+    vi.useFakeTimers();
+    try {
+      const lines: string[] = [];
+      const bar = new Progress("eval", 200, {
+        stream: { write: (s: string) => lines.push(s) },
+        plainEveryMs: 30_000,
+      });
+      bar.update(3, "team after");
+      expect(lines).toHaveLength(1);
+      vi.advanceTimersByTime(10 * 60_000); // ten silent minutes
+      // one line per 30 s at least, never more often than that
+      expect(lines.length).toBeGreaterThanOrEqual(20);
+      expect(lines.length).toBeLessThanOrEqual(21);
+      expect(lines.at(-1)).toMatch(/^eval \[.*\] 3\/200 {2}600\.0s {2}team after\n$/);
+      bar.finish();
+      const n = lines.length;
+      vi.advanceTimersByTime(5 * 60_000);
+      expect(lines.length).toBe(n);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it("aligns a table", () => {

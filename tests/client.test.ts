@@ -1,5 +1,5 @@
 import { spawn } from "node:child_process";
-import { chmodSync, mkdtempSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -219,13 +219,13 @@ s.serve_forever()
   });
 
   /** Runs a script that starts a (stand-in) engine, prints its pid, then does `then`. */
-  async function inChild(name: string, then: string) {
+  async function inChild(name: string, then: string, python = standIn) {
     const script = join(tmp, `${name}.mts`);
     const launcher = join(process.cwd(), "src/client/launcher.ts");
     writeFileSync(
       script,
       `import { startLocalEngine } from ${JSON.stringify(launcher)};\n` +
-        `const e = await startLocalEngine({ python: ${JSON.stringify(standIn)}, logFile: ${JSON.stringify(join(tmp, `${name}.log`))} });\n` +
+        `const e = await startLocalEngine({ python: ${JSON.stringify(python)}, logFile: ${JSON.stringify(join(tmp, `${name}.log`))} });\n` +
         "console.log(String(e.process.pid));\n" +
         then,
     );
@@ -243,6 +243,24 @@ s.serve_forever()
     if (pid > 0) standIns.push(pid);
     return { code, signal, lines: out.trim().split("\n"), pid };
   }
+
+  it("stop() waits for an engine slower to exit than the grace period, and the program goes on", async () => {
+    // An engine that ignores SIGTERM is killed after the grace period; the program must still be
+    // there when stop() returns (it used to exit with code 13 mid-demo: nothing kept Node alive).
+    const stubborn = join(tmp, "stubborn-engine.py");
+    writeFileSync(
+      stubborn,
+      readFileSync(standIn, "utf8").replace(
+        "import http.server, json, os, sys",
+        "import http.server, json, os, signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)",
+      ),
+    );
+    chmodSync(stubborn, 0o755);
+    const r = await inChild("slow-exit", 'await e.stop(300);\nconsole.log("after stop");\n', stubborn);
+    expect(r.code).toBe(0);
+    expect(r.lines[1]).toBe("after stop");
+    expect(alive(r.pid)).toBe(false);
+  });
 
   it("the engine is stopped when the program dies of an uncaught exception", async () => {
     const r = await inChild("crashing", 'setTimeout(() => { throw new Error("crash"); }, 50);\n');

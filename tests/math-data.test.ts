@@ -54,6 +54,16 @@ describe("loadMathProblems errors and splits", () => {
     expect(loadMathProblems(f)[0]!.answer).toBe("2");
   });
 
+  it("keeps intermediate results where a row has them", () => {
+    const f = file(
+      "t.jsonl",
+      '{"problem":"5+3-2","answer":"6","steps":[8]}\n{"problem":"1+1","answer":"2"}\n',
+    );
+    const [a, b] = loadMathProblems(f);
+    expect(a!.steps).toEqual(["8"]);
+    expect(b!.steps).toBeUndefined();
+  });
+
   it("holds out the last rows for evaluation, with stable ids", () => {
     const rows = Array.from({ length: 10 }, (_, k) => JSON.stringify({ problem: `p${k}`, answer: `${k}` }));
     const f = file("s.jsonl", rows.join("\n"));

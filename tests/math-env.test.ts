@@ -145,6 +145,29 @@ describe("MathEnv episodes", () => {
     expect(() => new MathEnv(duo, { kind: "sequential" }, { attempts: 0 })).toThrow(/math.attempts/);
   });
 
+  it("step rewards: each step role is paid for its own intermediate result", async () => {
+    const team: AgentSpec[] = [
+      { id: "stepper", role: "stepper", systemPrompt: "The count after the first change." },
+      { id: "actor", role: "actor", systemPrompt: "The final count." },
+    ];
+    const opts = { extract: "last-number" as const, answerRoles: ["actor"], stepRoles: ["stepper"] };
+    const env = new MathEnv(team, { kind: "sequential" }, opts);
+    const p: MathProblem = { id: "s", problem: "Has 5, gets 3, loses 2.", answer: "6", steps: ["8"] };
+    const right = await play(env, p, { stepper: ["8"], actor: ["8 - 2 = 6"] });
+    expect(right.info).toMatchObject({ correct: true, roleRewards: { step1: 1 } });
+    // a wrong step with a right answer: the step reward and the team reward are separate signals
+    const wrong = await play(env, p, { stepper: ["7"], actor: ["6"] });
+    expect(wrong.info).toMatchObject({ correct: true, score: 1, roleRewards: { step1: 0 } });
+    const none = await play(env, p, { stepper: ["first"], actor: ["5"] });
+    expect(none.info).toMatchObject({ correct: false, roleRewards: { step1: 0 } });
+    await expect(env.reset({ id: "q", problem: "1+1", answer: "2" }, 0)).rejects.toThrow(
+      /math.stepRoles: 1 step roles, but problem q has 0/,
+    );
+    expect(() => new MathEnv(team, { kind: "sequential" }, { stepRoles: ["judge"] })).toThrow(
+      /math.stepRoles: no agent has the role "judge"/,
+    );
+  });
+
   it("dynamic graph: the orchestrator names who acts next", async () => {
     const team: AgentSpec[] = [
       { id: "boss", role: "orchestrator", systemPrompt: "Name the agent who should answer." },
@@ -214,6 +237,7 @@ describe("parseMathOptions", () => {
       cutAfter: 2,
     });
     expect(parseMathOptions(undefined)).toEqual({});
+    expect(parseMathOptions({ stepRoles: ["stepper"] })).toEqual({ stepRoles: ["stepper"] });
     expect(() => parseMathOptions({ extract: "first" })).toThrow(/^task\.options\.extract: /);
     expect(() => parseMathOptions({ bogus: 1 })).toThrow(/^task\.options: .*bogus/);
   });

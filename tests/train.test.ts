@@ -1,6 +1,6 @@
 // The training loop against a real engine with the tiny random-init model: every estimator and
 // schedule runs and writes its metrics; frozen agents never change; checkpoints are complete.
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -95,6 +95,18 @@ describe("schedules and data order (pure)", () => {
     expect(() => loadRunConfig(vote, ['train.turns=[["s1","nobody"]]'])).toThrow(
       'train.turns[0][1]: unknown agent "nobody"',
     );
+  });
+
+  it("metrics.jsonl: a NaN metric (written as null) reads back as NaN; a string is refused", () => {
+    const dir = mkdtempSync(join(tmpdir(), "marft-metrics-"));
+    const run = new RunDir(dir);
+    run.create();
+    run.appendMetrics({ iteration: 1, "value/explained_variance": Number.NaN });
+    const [row] = run.readMetrics();
+    expect(row!["iteration"]).toBe(1);
+    expect(row!["value/explained_variance"]).toBeNaN();
+    writeFileSync(run.metricsPath, '{"iteration": "one"}\n');
+    expect(() => run.readMetrics()).toThrow(/metrics.jsonl:1: not a metrics row of numbers/);
   });
 
   it("the task stream visits every task once per epoch, reproducibly", () => {

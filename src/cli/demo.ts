@@ -1,41 +1,48 @@
-// `marft demo`: the main job. Trains a real two-agent team (SmolLM2-135M-Instruct, reasoner -> actor,
-// MARFT-A) on short arithmetic word problems, and a single-agent PPO baseline with the same sampled
-// token budget; evaluates both before and after on held-out problems; writes runs/demo/summary.json
-// and runs/demo/report.html.
-//
-//   marft demo [--iterations N] [--eval N] [--no-baseline] [--set k=v ...]
-import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+// `marft demo`: the main job. Trains a real team (configs/demo.yaml, MARFT-A) and a single agent
+// (configs/demo-baseline.yaml) on the same generated word problems, the single agent until it has
+// sampled as many training tokens as the team did; evaluates the team before and after and the single
+// agent after on the same held-out problems (and, when the team spends more test-time tokens, the
+// single agent's majority vote at those tokens); compares them with paired tests per seed and across
+// seeds; writes runs/demo/summary.json and runs/demo/report.html.
+import { mkdirSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { pairedTest, twoProportionZTest } from "../algo/index.ts";
-import { arithmeticSplits } from "../envs/math/arith.ts";
-import { createMathSuite } from "../envs/math/env.ts";
 import { loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
-import type { EvalResult } from "../train/evaluate.ts";
-import { RunDir, writeFileAtomic } from "../train/rundir.ts";
+import { type ArithKind, arithmeticSplits } from "../envs/math/arith.ts";
+import { createMathSuite, type MathProblem } from "../envs/math/env.ts";
+import type { TaskSuite } from "../flexmg/types.ts";
+import { type EvalResult, evaluate, majorityVote, type VoteResult } from "../train/evaluate.ts";
 import type { MetricsRow } from "../train/phases.ts";
+import { RunDir, writeFileAtomic } from "../train/rundir.ts";
 import { type Summary, train } from "../train/run.ts";
+import { setupEngine } from "../train/setup.ts";
+import { voteSamples } from "./demo-compare.ts";
+import { demoExtras, type Job, printTable, type SeedRun, summarize } from "./demo-report.ts";
 import { onInterrupt } from "./interrupt.ts";
-import { formatNumber, Progress, table } from "./progress.ts";
+import { formatNumber, Progress } from "./progress.ts";
 import { renderReport } from "./report.ts";
-import type { ReportExtras } from "../dashboard/api.ts";
 import { engineConnector, reportError } from "./train.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
 
-const USAGE = `usage: marft demo [--iterations N] [--eval N] [--no-baseline] [--set path=value ...]
+const USAGE = `usage: marft demo [options]
 
-Trains the two-agent team of configs/demo.yaml (SmolLM2-135M, reasoner -> actor) on generated
-arithmetic word problems, and a single-agent baseline with the same sampled-token budget; evaluates
-both on held-out problems; writes runs/demo/summary.json and runs/demo/report.html.
+Trains the team of configs/demo.yaml and the single agent of configs/demo-baseline.yaml on the same
+problems and token budget, and compares them on the same held-out problems.
 
 options:
-  --iterations N     training iterations (default: the config's)
-  --eval N           held-out problems (default: the config's eval.n)
-  --no-baseline      skip the single-agent baseline
-  --set path=value   override a field of configs/demo.yaml (repeatable)
-  -h, --help         this text
+  --seeds 1,2,3          training seeds, one team and one single agent each (default: the config's seed)
+  --iterations N         the team's training iterations
+  --eval N               held-out problems (default: the config's eval.n)
+  --train-problems N     generated training problems (default 4000)
+  --problems KIND        two-step (default) or one-step generated word problems
+  --team FILE            the team's run config (default configs/demo.yaml)
+  --baseline FILE        the single agent's run config (default configs/demo-baseline.yaml)
+  --set path=value       override a field of the team's config (repeatable)
+  --set-baseline p=v     override a field of the single agent's config (repeatable)
+  --out DIR              where the runs and summary go (default runs/demo)
+  -h, --help             this text
 
 Ctrl-C finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C quits at once.
 `;
@@ -43,127 +50,179 @@ Ctrl-C finishes the current iteration, saves a checkpoint and stops; a second Ct
 /** Ctrl-C during the demo: the running job checkpoints and stops, and no further job starts. */
 let interrupt: ReturnType<typeof onInterrupt> | undefined;
 
-interface Outcome {
-  summary: Summary;
-  /** Missing for the baseline: it starts from the same base model the team's "before" measured. */
-  before?: EvalResult;
-  after: EvalResult;
-  metrics: MetricsRow[];
+/** The demo stops after the job that a Ctrl-C interrupted. */
+class Interrupted extends Error {}
+
+/** A progress bar for one job, fed by the training loop's events (phases, iterations, evaluations). */
+function progressFor(label: string, total: number, maxTokens?: number) {
+  const bar = new Progress(label, total);
+  let last = "";
+  let tokens = 0;
+  const evals: EvalResult[] = [];
+  const onProgress = (e: Parameters<NonNullable<Parameters<typeof train>[0]["onProgress"]>>[0]) => {
+    if (e.kind === "eval") evals.push(e.result);
+    else if (e.kind === "iteration") {
+      tokens += e.row["tokens/sampled"] ?? 0;
+      // a budgeted job's iteration count is only a cap: the tokens say how far it is
+      const budget = maxTokens === undefined ? "" : `  tokens ${tokens}/${maxTokens}`;
+      last = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}${budget}`;
+      bar.update(e.iteration, last);
+    } else bar.update(e.iteration, `${e.phase}${e.total ? ` ${e.done}/${e.total}` : ""}  ${last}`);
+  };
+  return { bar, evals, onProgress };
 }
 
-function accuracyOf(r: EvalResult) {
-  return { accuracy: r.accuracy, ci95: r.ci95, n: r.n };
-}
-
-/** Runs one training job with a progress bar; collects the first and last evaluation in full. */
-async function runJob(
+/** Trains one job; `maxTokens` stops it after the iteration whose rollouts reach that many tokens. */
+async function trainJob(
   label: string,
   config: RunConfig,
   runDir: string,
-  data: ReturnType<typeof arithmeticSplits>,
-): Promise<Outcome> {
+  suite: TaskSuite<MathProblem>,
+  maxTokens?: number,
+): Promise<{ summary: Summary; evals: EvalResult[]; metrics: MetricsRow[] }> {
   rmSync(runDir, { recursive: true, force: true });
-  const suite = createMathSuite({
-    train: data.train,
-    eval: data.eval,
-    attempts: config.task?.kind === "math" ? config.task.attempts : 1,
-    extract: "last-number",
-  });
-  const evals: EvalResult[] = [];
-  const bar = new Progress(label, config.train.iterations);
-  let last = "";
+  const p = progressFor(label, config.train.iterations, maxTokens);
+  const stop = new AbortController();
+  let tokens = 0;
   const summary = await train({
     config,
     configDir: join(REPO, "configs"),
     runDir,
-    suite: suite as Parameters<typeof train>[0]["suite"],
+    suite: suite as TaskSuite<unknown>,
     connect: engineConnector(config, join(runDir, "engine.log")),
-    signal: interrupt?.signal,
     log: (line) => process.stderr.write(`\n${label}: ${line}\n`),
+    signal: interrupt ? AbortSignal.any([stop.signal, interrupt.signal]) : stop.signal,
     onProgress: (e) => {
-      if (e.kind === "eval") evals.push(e.result);
-      else if (e.kind === "iteration") {
-        last = `reward ${formatNumber(e.row["reward/mean"] ?? Number.NaN)}`;
-        bar.update(e.iteration, last);
-      } else bar.update(e.iteration, `${e.phase}${e.total ? ` ${e.done}/${e.total}` : ""}  ${last}`);
+      p.onProgress(e);
+      if (e.kind !== "iteration" || maxTokens === undefined) return;
+      tokens += e.row["tokens/sampled"] ?? 0;
+      if (tokens >= maxTokens) stop.abort();
     },
   });
-  bar.finish();
-  if (evals.length === 0) throw new Error(`${label}: expected an evaluation after training`);
-  return {
-    summary,
-    before: config.train.evalAtStart ? evals[0] : undefined,
-    after: evals.at(-1)!,
-    metrics: new RunDir(runDir).readMetrics() as MetricsRow[],
-  };
+  p.bar.finish(`${summary.tokensSampled} tokens sampled`);
+  if (interrupt?.signal.aborted) {
+    throw new Interrupted(`${label}: stopped by Ctrl-C; its checkpoint: ${summary.checkpoint ?? "none"}`);
+  }
+  return { summary, evals: p.evals, metrics: new RunDir(runDir).readMetrics() as MetricsRow[] };
 }
 
-/** What the demo's report shows above the runs: the accuracies, the test, and held-out transcripts. */
-function demoExtras(
+/** Greedy evaluation of a run's last checkpoint and, with `voteK`, a majority vote of k samples. */
+async function evaluateRun(
+  label: string,
   config: RunConfig,
-  summary: { significance: { paired_mcnemar_p: number; improved: number; worsened: number }; wall_s: number },
-  team: { before: EvalResult; after: EvalResult },
-  baseline: EvalResult | undefined,
-): ReportExtras {
-  const pct = (r: EvalResult) =>
-    `${(100 * r.accuracy).toFixed(1)}% [${(100 * r.ci95[0]).toFixed(1)}, ${(100 * r.ci95[1]).toFixed(1)}] (n=${r.n})`;
-  const bar = (name: string, r: EvalResult) => ({ name, value: r.accuracy, ci95: r.ci95 });
-  const after = new Map(team.after.problems.map((p) => [p.taskId, p]));
-  const s = summary.significance;
-  return {
-    title: `MARFT demo: ${config.agents.map((a) => a.role).join(" → ")} (${config.algo.estimator})`,
-    summary: [
-      ["model", String(Object.values(config.bases)[0]?.source)],
-      ["team before (greedy pass@1, 95% CI)", pct(team.before)],
-      ["team after", pct(team.after)],
-      [
-        "paired test (McNemar)",
-        `p = ${formatNumber(s.paired_mcnemar_p)}: ${s.improved} improved, ${s.worsened} worsened`,
-      ],
-      ...(baseline ? [["single-agent baseline after", pct(baseline)] as [string, string]] : []),
-      ["wall time", `${Math.round(summary.wall_s)} s`],
-    ],
-    bars: {
-      title: "held-out accuracy (greedy pass@1, 95% CI)",
-      bars: [
-        bar("team before", team.before),
-        bar("team after", team.after),
-        ...(baseline ? [bar("single agent after", baseline)] : []),
-      ],
-    },
-    comparison: {
-      title: "the same held-out problems before and after training (greedy)",
-      columns: ["before", "after"],
-      rows: team.before.problems
-        .filter((p) => after.has(p.taskId))
-        .slice(0, 6)
-        .map((p) => [p, after.get(p.taskId)!].map((q) => ({ messages: q.transcript, correct: q.correct }))),
-    },
-  };
+  runDir: string,
+  suite: TaskSuite<MathProblem>,
+  voteFor: (greedy: EvalResult) => number,
+): Promise<{ after: EvalResult; vote?: VoteResult }> {
+  const handle = await engineConnector(config, join(runDir, "engine-eval.log"))();
+  try {
+    await setupEngine(handle.client, config);
+    const ckpt = new RunDir(runDir).latestCheckpoint();
+    if (!ckpt) throw new Error(`${runDir}: no checkpoint to evaluate`);
+    await handle.client.loadCheckpoint({ path: join(ckpt.path, "engine") });
+    const common = {
+      engine: handle.client,
+      suite: suite as TaskSuite<unknown>,
+      config,
+      tasks: suite.eval,
+      seed: config.seed + 7919,
+    };
+    const bar = new Progress(`${label} eval`, suite.eval.length);
+    const after = await evaluate({
+      ...common,
+      greedy: true,
+      onProgress: (d, t) => bar.update(d, "greedy", t),
+    });
+    bar.finish(`accuracy ${formatNumber(after.accuracy)}`);
+    const k = voteFor(after);
+    if (k === 0) return { after };
+    const vbar = new Progress(`${label} vote@${k}`, suite.eval.length * k);
+    const vote = await majorityVote({ ...common, k, onProgress: (d, t) => vbar.update(d, undefined, t) });
+    vbar.finish(`accuracy ${formatNumber(vote.accuracy)}`);
+    return { after, vote };
+  } finally {
+    await handle.stop();
+  }
 }
 
-/** The baseline: the actor alone (same prompt, model, LoRA and PPO settings), critic-based PPO. */
-function baselineConfig(team: RunConfig): RunConfig {
-  const actor = team.agents.find((a) => a.role === "actor") ?? team.agents.at(-1)!;
-  return {
-    ...team,
-    name: `${team.name}-baseline`,
-    agents: [{ ...actor, id: "solo", role: "actor" }],
-    // One action per episode instead of two: twice the episodes, so the baseline samples at least the
-    // team's tokens, a comparison that favours the baseline (summary.json reports both counts).
-    // No evaluation before training: the budget goes to the team's before/after comparison.
+async function runSeed(
+  seed: number,
+  team0: RunConfig,
+  baseline0: RunConfig,
+  suite: TaskSuite<MathProblem>,
+  baselineSuite: TaskSuite<MathProblem>,
+  root: string,
+): Promise<SeedRun> {
+  const dir = join(root, `seed-${seed}`);
+  const teamConfig: RunConfig = {
+    ...team0,
+    seed,
+    train: { ...team0.train, evalAtStart: true, evalEvery: 0 },
+  };
+  const t = await trainJob(`seed ${seed} team`, teamConfig, join(dir, "team"), suite);
+  const team: Job = { summary: t.summary, before: t.evals[0], after: t.evals.at(-1)!, metrics: t.metrics };
+  if (t.evals.length < 2) throw new Error(`seed ${seed}: expected the team's evaluations before and after`);
+
+  // The single agent trains until it has sampled the team's training tokens (train.maxSampledTokens
+  // once the experiments branch lands); the iteration cap only bounds a run that never gets there.
+  const budget = t.summary.tokensSampled;
+  const baselineConfig: RunConfig = {
+    ...baseline0,
+    seed,
     train: {
-      ...team.train,
-      tasksPerIter: team.train.tasksPerIter * team.agents.length,
+      ...baseline0.train,
+      iterations: Math.max(baseline0.train.iterations, 10 * teamConfig.train.iterations),
       evalAtStart: false,
+      evalEvery: 0,
     },
   };
+  const bdir = join(dir, "baseline");
+  const b = await trainJob(`seed ${seed} single agent`, baselineConfig, bdir, baselineSuite, budget);
+  const teamTokens = team.after.tokensSampled / team.after.n;
+  const { after, vote } = await evaluateRun(
+    `seed ${seed} single agent`,
+    baselineConfig,
+    bdir,
+    baselineSuite,
+    (g) => voteSamples(teamTokens, g.tokensSampled / g.n),
+  );
+  return { seed, team, baseline: { summary: b.summary, after, vote, metrics: b.metrics } };
+}
+
+function parseSeeds(s: string | undefined, fallback: number): number[] {
+  if (s === undefined) return [fallback];
+  const seeds = s.split(",").map((x) => x.trim());
+  if (seeds.some((x) => !/^\d+$/.test(x))) throw new Error(`--seeds: expected a list like 1,2,3, got "${s}"`);
+  return [...new Set(seeds.map(Number))];
+}
+
+function posIntFlag(name: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  if (!/^[1-9]\d*$/.test(v)) throw new Error(`--${name}: expected a positive integer, got "${v}"`);
+  return Number(v);
 }
 
 export async function demoCommand(args: string[]): Promise<void> {
-  let values: ReturnType<typeof parseDemoArgs>["values"];
+  let values: ReturnType<typeof parse>["values"];
+  const parse = (a: string[]) =>
+    parseArgs({
+      args: a,
+      options: {
+        seeds: { type: "string" },
+        iterations: { type: "string" },
+        eval: { type: "string" },
+        "train-problems": { type: "string" },
+        problems: { type: "string" },
+        team: { type: "string" },
+        baseline: { type: "string" },
+        set: { type: "string", multiple: true },
+        "set-baseline": { type: "string", multiple: true },
+        out: { type: "string" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
   try {
-    ({ values } = parseDemoArgs(args));
+    values = parse(args).values;
   } catch (e) {
     process.stderr.write(`marft demo: ${(e as Error).message}\n\n${USAGE}`);
     process.exitCode = 2;
@@ -177,125 +236,84 @@ export async function demoCommand(args: string[]): Promise<void> {
   try {
     await demo(values);
   } catch (e) {
-    reportError("demo", e);
+    if (e instanceof Interrupted) process.stdout.write(`${e.message}\n`);
+    else reportError("demo", e);
   } finally {
     interrupt.dispose();
   }
 }
 
-function parseDemoArgs(args: string[]) {
-  return parseArgs({
-    args,
-    options: {
-      iterations: { type: "string" },
-      eval: { type: "string" },
-      "no-baseline": { type: "boolean" },
-      set: { type: "string", multiple: true },
-      help: { type: "boolean", short: "h" },
-    },
-  });
-}
-
-async function demo(values: ReturnType<typeof parseDemoArgs>["values"]): Promise<void> {
+async function demo(values: Record<string, string | string[] | boolean | undefined>): Promise<void> {
   const t0 = performance.now();
-  const root = join(REPO, "runs/demo");
-  const dataDir = join(root, "data");
-  mkdirSync(dataDir, { recursive: true });
-
-  const sets = [...(values.set ?? [])];
-  if (values.iterations) sets.push(`train.iterations=${values.iterations}`);
-  if (values.eval) sets.push(`eval.n=${values.eval}`);
-  const config0 = loadRunConfig(join(REPO, "configs/demo.yaml"), sets);
-  const evalN = config0.eval.n || 200;
-  // Problems are generated from the seed; eval texts never appear in the training set.
-  const data = arithmeticSplits(config0.seed, 4000, evalN);
-  const jsonl = (ps: typeof data.train) =>
-    ps.map((p) => JSON.stringify({ id: p.id, problem: p.problem, answer: p.answer })).join("\n") + "\n";
-  writeFileSync(join(dataDir, "train.jsonl"), jsonl(data.train));
-  writeFileSync(join(dataDir, "eval.jsonl"), jsonl(data.eval));
-  const config: RunConfig = {
-    ...config0,
-    train: { ...config0.train, evalAtStart: true },
-    task:
-      config0.task?.kind === "math"
-        ? { ...config0.task, trainFile: join(dataDir, "train.jsonl"), evalFile: join(dataDir, "eval.jsonl") }
-        : config0.task,
-  };
-
-  process.stderr.write(
-    `marft demo: ${config.agents.map((a) => a.role).join(" -> ")} on ${data.train.length} arithmetic word problems, ` +
-      `${config.train.iterations} iterations; evaluation on ${data.eval.length} held-out problems\n`,
-  );
-  const team = await runJob("team", config, join(root, "team"), data);
-  if (team.summary.stoppedEarly) {
-    process.stdout.write(`stopped early; the team's checkpoint: ${team.summary.checkpoint}\n`);
-    return;
+  const str = (k: string) => values[k] as string | undefined;
+  const root = resolve(str("out") ?? join(REPO, "runs/demo"));
+  const kind = (str("problems") ?? "two-step") as ArithKind;
+  if (kind !== "two-step" && kind !== "one-step") {
+    throw new Error(`--problems: expected two-step or one-step, got "${kind}"`);
   }
-  const baseline = values["no-baseline"]
-    ? undefined
-    : await runJob("baseline", baselineConfig(config), join(root, "baseline"), data);
+  const sets = [...((values["set"] as string[] | undefined) ?? [])];
+  const iterations = posIntFlag("iterations", str("iterations"));
+  if (iterations) sets.push(`train.iterations=${iterations}`);
+  const evalN = posIntFlag("eval", str("eval"));
+  if (evalN) sets.push(`eval.n=${evalN}`);
+  const team0 = loadRunConfig(resolve(str("team") ?? join(REPO, "configs/demo.yaml")), sets);
+  const baselineSets = [...((values["set-baseline"] as string[] | undefined) ?? [])];
+  if (evalN) baselineSets.push(`eval.n=${evalN}`);
+  const baseline0 = loadRunConfig(
+    resolve(str("baseline") ?? join(REPO, "configs/demo-baseline.yaml")),
+    baselineSets,
+  );
+  const seeds = parseSeeds(str("seeds"), team0.seed);
 
-  const before = team.before!;
-  const paired = pairedTest(
-    before.problems.map((p) => p.correct),
-    team.after.problems.map((p) => p.correct),
+  // The problems come from the team config's seed, the same for every training seed: each seed's
+  // team and single agent are scored on the same held-out problems, which are never trained on.
+  const data = arithmeticSplits(
+    team0.seed,
+    posIntFlag("train-problems", str("train-problems")) ?? 4000,
+    team0.eval.n || 200,
+    kind,
   );
-  const z = twoProportionZTest(
-    before.problems.map((p) => p.correct),
-    team.after.problems.map((p) => p.correct),
+  const dataDir = join(root, "data");
+  rmSync(root, { recursive: true, force: true });
+  mkdirSync(dataDir, { recursive: true });
+  const jsonl = (ps: MathProblem[]) => `${ps.map((p) => JSON.stringify(p)).join("\n")}\n`;
+  writeFileAtomic(join(dataDir, "train.jsonl"), jsonl(data.train));
+  writeFileAtomic(join(dataDir, "eval.jsonl"), jsonl(data.eval));
+  const suite = createMathSuite({
+    train: data.train,
+    eval: data.eval,
+    ...(team0.task?.kind === "math" ? { attempts: team0.task.attempts, ...team0.task.options } : {}),
+  });
+  // The single agent answers alone: only its own task options apply (no step roles).
+  const baselineSuite = createMathSuite({
+    train: data.train,
+    eval: data.eval,
+    ...(baseline0.task?.kind === "math"
+      ? { attempts: baseline0.task.attempts, ...baseline0.task.options }
+      : {}),
+  });
+  const taskName = `${kind} arithmetic word problems (generated, seed ${team0.seed})`;
+  process.stderr.write(
+    `marft demo: team ${team0.agents.map((a) => a.role).join(" -> ")} vs a single agent on ${data.train.length} ` +
+      `${taskName}; seeds ${seeds.join(", ")}; ${team0.train.iterations} team iterations; ` +
+      `evaluation on ${data.eval.length} held-out problems\n`,
   );
-  const wall = (performance.now() - t0) / 1000;
-  const summary = {
-    task: "arithmetic word problems (generated, seed " + config.seed + ")",
-    model: Object.values(config.bases)[0]?.source,
-    team: config.agents.map((a) => a.role),
-    estimator: config.algo.estimator,
-    eval: { before: accuracyOf(before), after: accuracyOf(team.after) },
-    significance: {
-      paired_mcnemar_p: paired.p,
-      improved: paired.improved,
-      worsened: paired.worsened,
-      two_proportion_z: z.z,
-      two_proportion_p: z.p,
-    },
-    baseline: baseline
-      ? {
-          after: accuracyOf(baseline.after),
-          sampled_tokens: baseline.summary.tokensSampled,
-          wall_s: baseline.summary.wallSeconds,
-        }
-      : null,
-    iterations: team.summary.iterations,
-    wall_s: wall,
-    sampled_tokens: team.summary.tokensSampled,
-    team_wall_s: team.summary.wallSeconds,
-  };
-  writeFileAtomic(join(root, "summary.json"), `${JSON.stringify(summary, null, 2)}\n`);
+
+  const runs: SeedRun[] = [];
+  for (const seed of seeds) runs.push(await runSeed(seed, team0, baseline0, suite, baselineSuite, root));
+
+  const s = summarize(runs, team0, taskName, (performance.now() - t0) / 1000);
+  writeFileAtomic(join(root, "summary.json"), `${JSON.stringify(s, null, 2)}\n`);
+  const first = runs[0]!;
   writeFileAtomic(
     join(root, "report.html"),
     renderReport({
       root,
-      runs: baseline ? ["team", "baseline"] : ["team"],
+      runs: [`seed-${first.seed}/team`, `seed-${first.seed}/baseline`],
       title: "MARFT demo report",
-      extras: demoExtras(config, summary, { before, after: team.after }, baseline?.after),
+      extras: demoExtras(s, team0, first),
     }),
   );
-
-  const pct = (r: EvalResult) =>
-    `${(100 * r.accuracy).toFixed(1)}% [${(100 * r.ci95[0]).toFixed(1)}, ${(100 * r.ci95[1]).toFixed(1)}]`;
-  const rows: Array<Array<string | number>> = [
-    ["team before (greedy pass@1, 95% CI)", pct(before)],
-    ["team after", pct(team.after)],
-    ["paired test (McNemar) p", formatNumber(paired.p)],
-  ];
-  if (baseline) {
-    rows.push(["single-agent baseline after", pct(baseline.after)]);
-    rows.push([
-      "sampled tokens team / baseline",
-      `${team.summary.tokensSampled} / ${baseline.summary.tokensSampled}`,
-    ]);
-  }
-  rows.push(["wall time (s)", Math.round(wall)]);
-  process.stdout.write(`\n${table(rows, ["marft demo", `n=${team.after.n} held-out problems`])}`);
+  printTable(s, data.eval.length);
   process.stdout.write(`wrote ${join(root, "summary.json")} and ${join(root, "report.html")}\n`);
 }

@@ -1,9 +1,11 @@
 // A dependency-free progress bar for terminals, plain lines for logs and pipes.
 // On a TTY the bar redraws in place; elsewhere a line is printed at most every `plainEveryMs` and at
-// the end, so CI logs stay short.
+// the end, so CI logs stay short, and also when nothing has changed for that long (a heartbeat): a
+// long phase that reports no progress (an evaluation, a slow update) still shows the job is alive.
 
 export interface ProgressOptions {
   stream?: NodeJS.WriteStream | { write(s: string): unknown; isTTY?: boolean; columns?: number };
+  /** Plain-line mode: at most one line per this many ms, and at least one (default 15 s). */
   plainEveryMs?: number;
   /** Print nothing at all (e.g. --quiet). */
   silent?: boolean;
@@ -20,6 +22,8 @@ export class Progress {
   private finished = false;
   private readonly stream: NonNullable<ProgressOptions["stream"]>;
   private readonly tty: boolean;
+  private readonly every: number;
+  private heartbeat: ReturnType<typeof setInterval> | undefined;
 
   constructor(
     readonly label: string,
@@ -29,6 +33,11 @@ export class Progress {
   ) {
     this.stream = opts.stream ?? process.stderr;
     this.tty = Boolean(this.stream.isTTY);
+    this.every = opts.plainEveryMs ?? 15_000;
+    if (!this.tty && !opts.silent) {
+      this.heartbeat = setInterval(() => this.render(false), Math.max(1, Math.floor(this.every / 4)));
+      this.heartbeat.unref?.(); // a bar never keeps the process alive
+    }
   }
 
   /** Set the absolute count (and an optional short status such as "reward 0.42"). */
@@ -48,6 +57,7 @@ export class Progress {
     if (this.finished) return;
     if (extra !== undefined) this.extra = extra;
     this.finished = true;
+    clearInterval(this.heartbeat);
     this.render(true);
   }
 
@@ -74,7 +84,7 @@ export class Progress {
       return;
     }
     const now = Date.now();
-    if (final || now - this.lastPlain >= (this.opts.plainEveryMs ?? 10_000)) {
+    if (final || now - this.lastPlain >= this.every) {
       this.lastPlain = now;
       this.stream.write(`${this.line()}\n`);
     }

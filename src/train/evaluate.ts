@@ -1,6 +1,7 @@
 // Held-out evaluation: pass@1 with greedy decoding and, optionally, pass@k from k sampled attempts,
 // with 95% Wilson intervals. `evaluate` also returns per-problem correctness and transcripts, for
-// reports and the demo.
+// reports and the demo. `majorityVote` answers each problem with the most common of k sampled
+// answers: a single agent given as many test-time tokens as a team spends.
 import { accuracyCi95, mean, passAtK } from "../algo/index.ts";
 import type { ComputeEngine } from "../client/compute.ts";
 import type { RunConfig } from "../config/schema.ts";
@@ -30,6 +31,8 @@ export interface EvalResult {
   passAtK?: number;
   k?: number;
   problems: ProblemResult[];
+  /** Response tokens the pass@1 attempts sampled (all agents; the pass@k samples not included). */
+  tokensSampled: number;
   seconds: number;
   /** Multi-task runs: pass@1 of each task's problems. */
   perTask?: Record<string, { accuracy: number; ci95: [number, number]; n: number }>;
@@ -83,6 +86,7 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
     n,
     meanScore: mean(problems.map((p) => p.score)),
     problems,
+    tokensSampled: first.stats.tokensSampled,
     seconds: 0,
   };
   if (o.suite instanceof MultiTaskSuite) {
@@ -112,4 +116,66 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   }
   result.seconds = (performance.now() - t0) / 1000;
   return result;
+}
+
+export interface VoteResult {
+  accuracy: number;
+  ci95: [number, number];
+  n: number;
+  k: number;
+  /** Per problem, in the order of the tasks: the majority answer was right. */
+  correct: boolean[];
+  tokensSampled: number;
+  seconds: number;
+}
+
+/**
+ * Majority vote over k sampled episodes per problem. An episode's answer is its env's
+ * `info().answers` (the answering agents' extracted answers); episodes without an answer do not
+ * vote, ties go to the answer sampled first, and the problem counts as solved when the episodes that
+ * gave the majority answer were judged correct.
+ */
+export async function majorityVote(o: EvaluateOptions & { k: number }): Promise<VoteResult> {
+  const t0 = performance.now();
+  if (!(Number.isInteger(o.k) && o.k >= 1)) throw new Error(`majorityVote: k must be >= 1, got ${o.k}`);
+  if (o.tasks.length === 0) throw new Error(`majorityVote: task ${o.suite.name} has no held-out problems`);
+  const r = await playEpisodes({
+    engine: o.engine,
+    suite: o.suite,
+    config: o.config,
+    tasks: o.tasks,
+    samplesPerTask: o.k,
+    seed: o.seed ?? 0,
+    greedy: false,
+    onProgress: o.onProgress,
+  });
+  const votes = new Map<string, Map<string, { count: number; correct: boolean }>>();
+  for (const e of r.episodes) {
+    const answers = e.info["answers"];
+    if (typeof answers !== "object" || answers === null) {
+      throw new Error(`majorityVote: task ${o.suite.name} reports no answers in info() to vote on`);
+    }
+    if (Object.values(answers).every((a) => a === null)) continue;
+    const key = JSON.stringify(answers);
+    const tally = votes.get(e.taskId) ?? new Map<string, { count: number; correct: boolean }>();
+    votes.set(e.taskId, tally);
+    const v = tally.get(key) ?? { count: 0, correct: e.outcome.correct };
+    v.count++;
+    tally.set(key, v);
+  }
+  const correct = o.tasks.map((t) => {
+    let best: { count: number; correct: boolean } | undefined;
+    for (const v of votes.get(o.suite.taskId(t))?.values() ?? []) if (!best || v.count > best.count) best = v;
+    return best?.correct ?? false;
+  });
+  const { accuracy, ci95, n } = accuracyCi95(correct);
+  return {
+    accuracy,
+    ci95,
+    n,
+    k: o.k,
+    correct,
+    tokensSampled: r.stats.tokensSampled,
+    seconds: (performance.now() - t0) / 1000,
+  };
 }

@@ -179,7 +179,17 @@ async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
   };
 
   const runEval = async (iteration: number): Promise<EvalResult> => {
-    const r = await trainer.evaluate();
+    // an evaluation is a phase of its own for progress bars: it can take minutes
+    onProgress({
+      kind: "phase",
+      iteration,
+      phase: "eval",
+      done: 0,
+      total: c.eval.n > 0 ? Math.min(c.eval.n, opts.suite.eval.length) : opts.suite.eval.length,
+    });
+    const r = await trainer.evaluate((done, total) =>
+      onProgress({ kind: "phase", iteration, phase: "eval", done, total }),
+    );
     onProgress({ kind: "eval", iteration, result: r });
     log(
       `eval @ iteration ${iteration}: accuracy ${r.accuracy.toFixed(3)} [${r.ci95[0].toFixed(3)}, ${r.ci95[1].toFixed(3)}] (n=${r.n})` +

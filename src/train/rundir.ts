@@ -26,9 +26,10 @@ import { DataError, RunLockedError } from "../errors.ts";
 import type { RngState } from "../rng.ts";
 import type { MetricsRow } from "./phases.ts";
 
-const MetricsRowSchema = z.record(z.string(), z.number());
 import type { ReplayState } from "./replay.ts";
 import type { SchedulerState } from "./task-source.ts";
+
+const MetricsRowSchema = z.record(z.string(), z.number());
 
 /** Write a file so that readers see the old content or the new one, never a torn write. */
 export function writeFileAtomic(path: string, text: string): void {

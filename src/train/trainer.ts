@@ -255,7 +255,7 @@ export class Trainer {
   }
 
   /** Evaluate the current adapters on the held-out split. */
-  evaluate(): Promise<EvalResult> {
+  evaluate(onProgress?: (done: number, total: number) => void): Promise<EvalResult> {
     const c = this.config;
     return evaluate({
       engine: this.engine,
@@ -266,6 +266,7 @@ export class Trainer {
       k: c.eval.k,
       // eval seeds are fixed, not drawn from the loop's PRNG: evaluating must not change training
       seed: c.seed + 7919,
+      onProgress,
     });
   }
 

@@ -44,14 +44,58 @@ export function arithmeticProblem(rng: () => number, id: string): MathProblem {
   };
 }
 
+/** A change of the count: a gain or a loss of `n`, as words. */
+function change(rng: () => number, have: number, item: string): { n: number; text: string } {
+  if (have < 2 || rng() < 0.5) {
+    const n = int(rng, 1, 9);
+    return { n, text: `${pick(rng, GAIN)} ${n} more ${item}` };
+  }
+  const n = int(rng, 1, Math.min(9, have - 1));
+  return { n: -n, text: `${pick(rng, LOSS)} ${n} ${item}` };
+}
+
+/**
+ * Two changes in a row ("has a, gets b more, then loses c"): the answer needs two operations, and
+ * `steps` holds the count after the first, which a team can split at.
+ */
+export function twoStepProblem(rng: () => number, id: string): MathProblem {
+  const name = pick(rng, NAMES);
+  const item = pick(rng, ITEMS);
+  const a = int(rng, 1, 9);
+  const first = change(rng, a, item);
+  const mid = a + first.n;
+  const second = change(rng, mid, item);
+  return {
+    id,
+    problem:
+      `${name} has ${a} ${item}. ${name} ${first.text}. Then ${name} ${second.text}. ` +
+      `How many ${item} does ${name} have now?`,
+    answer: String(mid + second.n),
+    steps: [String(mid)],
+  };
+}
+
+export type ArithKind = "one-step" | "two-step";
+
+const GENERATORS: Record<ArithKind, (rng: () => number, id: string) => MathProblem> = {
+  "one-step": arithmeticProblem,
+  "two-step": twoStepProblem,
+};
+
 /** `count` distinct problems from a seed. */
-export function arithmeticProblems(seed: number, count: number, prefix = "arith"): MathProblem[] {
+export function arithmeticProblems(
+  seed: number,
+  count: number,
+  prefix = "arith",
+  kind: ArithKind = "one-step",
+): MathProblem[] {
+  const make = GENERATORS[kind];
   const rng = seededRng(seed);
   const seen = new Set<string>();
   const out: MathProblem[] = [];
   // The problem space has tens of thousands of texts; a bounded loop still refuses to spin forever.
   for (let tries = 0; out.length < count && tries < count * 50; tries++) {
-    const p = arithmeticProblem(rng, `${prefix}-${seed}-${out.length}`);
+    const p = make(rng, `${prefix}-${seed}-${out.length}`);
     if (seen.has(p.problem)) continue;
     seen.add(p.problem);
     out.push(p);
@@ -65,10 +109,11 @@ export function arithmeticSplits(
   seed: number,
   trainCount: number,
   evalCount: number,
+  kind: ArithKind = "one-step",
 ): { train: MathProblem[]; eval: MathProblem[] } {
-  const evalSet = arithmeticProblems(seed + 1_000_003, evalCount, "arith-eval");
+  const evalSet = arithmeticProblems(seed + 1_000_003, evalCount, "arith-eval", kind);
   const held = new Set(evalSet.map((p) => p.problem));
-  const train = arithmeticProblems(seed, trainCount + evalCount, "arith-train")
+  const train = arithmeticProblems(seed, trainCount + evalCount, "arith-train", kind)
     .filter((p) => !held.has(p.problem))
     .slice(0, trainCount);
   if (train.length < trainCount) throw new Error("arithmetic: not enough distinct training problems");

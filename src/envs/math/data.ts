@@ -2,6 +2,7 @@
 //   MARFT reference (math/train.json):  JSON array of {problem, final_answer}
 //   GSM8K (gsm8k/train.jsonl):          JSONL {problem, final_answer, solution}
 //   MATH-500 (math/test500.jsonl):      JSONL {problem, solution, answer, subject, level, unique_id}
+//   any of them may carry `steps`: the intermediate results in order (step rewards, env.ts)
 import { basename, dirname } from "node:path";
 import { z } from "zod";
 import { DatasetError, holdOutLast, readJsonRecords } from "../datasets.ts";
@@ -12,6 +13,8 @@ export interface MathProblem {
   problem: string;
   /** The gold answer as written in the data (LaTeX for MATH, a plain number for GSM8K). */
   answer: string;
+  /** Intermediate results in order (the answer not included), where the data has them. */
+  steps?: string[];
 }
 
 // Answers are strings in all three datasets; a number is accepted too (user files often have them).
@@ -20,6 +23,7 @@ const MathRow = z.object({
   problem: z.string(),
   answer: Answer.optional(),
   final_answer: Answer.optional(),
+  steps: z.array(Answer).optional(),
 });
 
 /** A short, stable name for a data file: its folder and file name, e.g. `gsm8k/train.jsonl`. */
@@ -50,7 +54,13 @@ export function loadMathProblems(file: string): MathProblem[] {
     if (answer === undefined) {
       throw new DatasetError(file, line, `missing field "answer" (or "final_answer")`);
     }
-    return { id: `${name}#${row}`, problem: parsed.data.problem, answer: String(answer).trim() };
+    const steps = parsed.data.steps?.map((x) => String(x).trim());
+    return {
+      id: `${name}#${row}`,
+      problem: parsed.data.problem,
+      answer: String(answer).trim(),
+      ...(steps ? { steps } : {}),
+    };
   });
   return all.filter((p) => p.answer !== "");
 }

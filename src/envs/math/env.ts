@@ -17,6 +17,8 @@
 // per-role routing):
 //   answering role: 1 when its last action had an extractable answer (a format reward: \boxed{}),
 //   planning role:  1 when none of its actions stated a final answer (\boxed{}) (plan, don't solve).
+//   step<i> (with `stepRoles`): 1 when the i-th step role's last answer is the problem's i-th
+//   intermediate result (`steps`), so a team that splits a problem can train each agent for its step.
 // info() (diagnostics): gold, answers (per agent, last attempt), attempts, rewards (per attempt).
 //
 // Dynamic graphs: each attempt starts with the first agent (profile order); an agent's action that
@@ -47,6 +49,8 @@ export interface MathEnvOptions {
   answerRoles?: string[];
   /** Time limit of one answer check in ms (default 2000). */
   timeoutMs?: number;
+  /** Roles that compute the problem's intermediate results, in order (roleRewards step1, step2, ...). */
+  stepRoles?: string[];
 }
 
 export interface MathSuiteOptions extends MathEnvOptions {
@@ -82,6 +86,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
   private readonly cutAfter: number;
   private readonly extract: ExtractMode;
   private readonly timeoutMs: number;
+  private readonly stepRoles: string[];
   private problem: MathProblem | undefined;
   private checks: Check[] = [];
   private attemptRewards: number[] = [];
@@ -115,10 +120,19 @@ export class MathEnv extends TeamEnv<MathProblem> {
       );
     }
     this.timeoutMs = opts.timeoutMs ?? 2000;
+    this.stepRoles = (opts.stepRoles ?? []).map((r) => r.toLowerCase());
+    const known = new Set(agents.map((a) => a.role.toLowerCase()));
+    const unknown = this.stepRoles.find((r) => !known.has(r));
+    if (unknown !== undefined) throw new Error(`math.stepRoles: no agent has the role "${unknown}"`);
   }
 
   async reset(problem: MathProblem, _seed: number): Promise<void> {
     // Deterministic given the problem: sampling randomness lives in the engine, not here.
+    if (this.stepRoles.length > (problem.steps?.length ?? 0)) {
+      throw new Error(
+        `math.stepRoles: ${this.stepRoles.length} step roles, but problem ${problem.id} has ${problem.steps?.length ?? 0} intermediate results`,
+      );
+    }
     this.problem = problem;
     this.checks = [];
     this.attemptRewards = [];
@@ -191,7 +205,13 @@ export class MathEnv extends TeamEnv<MathProblem> {
       count[role] = (count[role] ?? 0) + 1;
     }
     // several agents with one role: the role's reward is their mean
-    return Object.fromEntries(Object.keys(sum).map((role) => [role, sum[role]! / count[role]!]));
+    const out = Object.fromEntries(Object.keys(sum).map((role) => [role, sum[role]! / count[role]!]));
+    this.stepRoles.forEach((role, i) => {
+      const last = actions.filter((x) => this.roles.get(x.agent)!.toLowerCase() === role).at(-1);
+      const answer = last === undefined ? null : extractWith(this.extract, last.text);
+      out[`step${i + 1}`] = answer !== null && sameNumber(answer, this.problem!.steps![i]!) ? 1 : 0;
+    });
+    return out;
   }
 
   /**
@@ -230,6 +250,12 @@ export class MathEnv extends TeamEnv<MathProblem> {
   }
 }
 
+/** Intermediate results are plain numbers: compared as numbers ("8" and "8.0" are one result). */
+function sameNumber(a: string, b: string): boolean {
+  const x = Number(a.replace(/,/g, ""));
+  return a.trim() !== "" && Number.isFinite(x) && x === Number(b.replace(/,/g, ""));
+}
+
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 }
@@ -260,6 +286,7 @@ export function createMathSuite(opts: MathSuiteOptions): TaskSuite<MathProblem> 
     extract: opts.extract,
     answerRoles: opts.answerRoles,
     timeoutMs: opts.timeoutMs,
+    stepRoles: opts.stepRoles,
   };
   return {
     name: "math",

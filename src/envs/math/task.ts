@@ -29,6 +29,13 @@ export const MathOptionsSchema = z
       .positive()
       .optional()
       .describe("time limit of one answer check in ms (default 2000)"),
+    stepRoles: z
+      .array(z.string())
+      .min(1)
+      .optional()
+      .describe(
+        "roles that compute the problems' intermediate results (`steps` in the data), in order: per-role rewards step1, step2, ...",
+      ),
   })
   .describe("extra options of the math suite");
 

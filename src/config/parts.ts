@@ -1,0 +1,125 @@
+// The run config's parts that describe where things run and who acts: the engine, the bases, LoRA,
+// sampling and the agent profiles. src/config/schema.ts puts them together with the graph, the
+// algorithm, the schedule and the task.
+import { z } from "zod";
+import { name, nonNegInt, nonNegNum, posInt, posNum } from "../fields.ts";
+
+export const Engine = z
+  .strictObject({
+    url: z
+      .url({ error: "expected a URL like http://host:port" })
+      .optional()
+      .describe(
+        "URL of a running engine (e.g. on a GPU server); omitted: the CLI starts a local engine on loopback",
+      ),
+    tokenEnv: name()
+      .default("MARFT_ENGINE_TOKEN")
+      .describe("environment variable holding the bearer token of the engine at `url`"),
+    device: z.enum(["auto", "cpu", "cuda"]).default("auto").describe("device of a locally started engine"),
+    threads: posInt()
+      .optional()
+      .describe("torch CPU threads of a locally started engine (default: torch's choice)"),
+    stallSeconds: posNum()
+      .default(300)
+      .describe(
+        "a call fails when the engine shows no progress for this long: no call or decode step finished and its compute thread used no CPU time (a slow engine that works never fails)",
+      ),
+  })
+  .describe("where the compute engine runs");
+
+export const Base = z
+  .strictObject({
+    source: name().describe(
+      "tiny:<preset> (random init, tests), hf:<local dir>, gguf:<file>, or pkg:smollm2-135m-instruct",
+    ),
+    dtype: z
+      .enum(["auto", "float32", "bfloat16"])
+      .default("auto")
+      .describe(
+        "auto: bf16 on a GPU, and on a CPU only where it has native bf16 (AVX512_BF16 or AMX), else float32; bfloat16: bf16 on either; float32: exact sample/forward parity (the tests' choice)",
+      ),
+    seed: nonNegInt().default(0).describe("seed of a random-init (tiny:) base"),
+  })
+  .describe("a base model that agents (and the critic) put their LoRA adapters on");
+
+/** LoRA on some transformer layers only (0-based, negative from the last); null: all layers. */
+export const layerList = (description: string) =>
+  z
+    .array(z.number({ error: "expected an integer" }).int({ error: "expected an integer" }))
+    .min(1, { error: "expected at least one layer index" })
+    .nullable()
+    .default(null)
+    .describe(description);
+
+const Lora = z
+  .strictObject({
+    r: posInt().default(8).describe("LoRA rank"),
+    alpha: posNum().default(16).describe("LoRA alpha (scale = alpha / r)"),
+    dropout: z
+      .number({ error: "expected a number in [0, 1)" })
+      .min(0)
+      .lt(1, { error: "expected a number in [0, 1)" })
+      .default(0)
+      .describe("LoRA dropout (keep 0 for bit-reproducible resume)"),
+    targetModules: z
+      .array(name())
+      .min(1, { error: "expected at least one module name" })
+      .default(["q_proj", "v_proj"])
+      .describe("modules that get LoRA weights"),
+    layers: layerList(
+      "only these transformer layers get LoRA weights (0-based, negative from the last); null: all",
+    ),
+  })
+  .describe("the agent's own LoRA adapter");
+
+const SharedAdapter = z
+  .strictObject({
+    shared: name().describe("id of the agent whose adapter this agent shares (they train it together)"),
+  })
+  .describe("share another agent's adapter");
+
+const Sampling = z
+  .strictObject({
+    temperature: nonNegNum()
+      .default(1)
+      .describe("sampling temperature (0 = greedy; a trainable agent needs > 0)"),
+    topP: z
+      .number({ error: "expected a number in (0, 1]" })
+      .gt(0, { error: "expected a number in (0, 1]" })
+      .max(1, { error: "expected a number in (0, 1]" })
+      .default(1)
+      .describe("nucleus sampling mass"),
+    topK: nonNegInt().default(0).describe("top-k truncation (0 = off)"),
+    maxNewTokens: posInt().default(64).describe("most tokens per action"),
+    stop: z.array(z.string()).default([]).describe("stop strings; the action is cut before one"),
+  })
+  .describe("how the agent samples its actions");
+
+export const Agent = z
+  .strictObject({
+    id: z
+      .string({ error: 'expected an agent id like "actor"' })
+      .regex(/^[A-Za-z][A-Za-z0-9_-]*$/, {
+        error: "expected an agent id of letters, digits, _ or - (starting with a letter)",
+      })
+      .describe("unique agent id (also its adapter's name)"),
+    role: name().describe("the agent's role; tasks label its messages with it, per-role rewards key on it"),
+    label: name()
+      .optional()
+      .describe(
+        "how the other agents' observations and the transcripts name this agent (default: its role); the role stays what tasks and rewards key on",
+      ),
+    systemPrompt: z.string({ error: "expected a string" }).default("").describe("the agent's system prompt"),
+    base: name().describe("name of the base model (a key of `bases`)"),
+    adapter: z
+      .union([SharedAdapter, Lora])
+      .prefault({})
+      .describe("own LoRA settings, or {shared: <agent id>}"),
+    trainable: z
+      .boolean({ error: "expected true or false" })
+      .default(true)
+      .describe("false: the agent acts but never updates"),
+    sampling: Sampling.prefault({}),
+    lr: posNum().default(1e-5).describe("policy learning rate (AdamW)"),
+  })
+  .describe("an agent profile (DESIGN §3)");
