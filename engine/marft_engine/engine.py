@@ -135,6 +135,7 @@ class Engine:
             decode_steps=self.sampler.decode_steps,
             decode_rows=self.sampler.decode_rows,
             endpoints={k: EndpointStats(calls=c, seconds=s) for k, (c, s) in sorted(endpoints.items())},
+            prefix_cache=self.sampler.prefix_stats(),
         )
 
 

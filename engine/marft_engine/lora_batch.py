@@ -21,13 +21,28 @@ import torch
 from peft.tuners.lora import layer as lora_layer
 
 _epoch = 0
+_all_changed = 0  # the epoch at which every adapter's weights last may have changed
+_changed: dict[str, int] = {}  # adapter name -> the epoch at which its weights last changed
 _original = lora_layer.Linear._mixed_batch_forward
 
 
-def bump() -> None:
-    """Some LoRA weight may have changed: rebuild the stacks on next use."""
-    global _epoch
+def bump(*names: str) -> None:
+    """Some LoRA weight may have changed: rebuild the stacks on next use. With names: only those
+    adapters' weights changed (an optimizer step); without: any adapter's may have (creation,
+    deletion, loads, edits behind the engine's back)."""
+    global _epoch, _all_changed
     _epoch += 1
+    if names:
+        for n in names:
+            _changed[n] = _epoch
+    else:
+        _all_changed = _epoch
+
+
+def weights_epoch(adapter: str) -> int:
+    """Changes whenever `adapter`'s weights may have changed (a stamp for caches of its outputs,
+    such as the sampler's prefix cache)."""
+    return max(_all_changed, _changed.get(adapter, 0))
 
 
 def _stacks(

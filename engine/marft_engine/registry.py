@@ -49,6 +49,8 @@ class Base:
     plain_head: bool
     # dtype of the sampler's KV cache; None: as the model computes it (see precision.place)
     cache_dtype: torch.dtype | None = None
+    # memory budget of the sampler's shared-prefix KV cache for this base (prefix_cache.py); 0 = off
+    prefix_cache_bytes: int = 0
     peft: peft.PeftModel | None = None  # created with the first adapter, then holds all of them
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
@@ -158,6 +160,7 @@ class Registry:
             seed=body.seed,
             plain_head=model.config.model_type in PLAIN_HEAD_MODELS,
             cache_dtype=cache_dtype,
+            prefix_cache_bytes=int(body.prefix_cache_mb * 2**20),
         )
         self.bases[body.name] = base
         return base

@@ -58,6 +58,15 @@ class BaseCreate(Strict):
         "stay fp32.",
     )
     seed: int = Field(0, description="Seed for random-init (tiny:) bases.")
+    prefix_cache_mb: float = Field(
+        0,
+        ge=0,
+        description="memory budget (MiB) of the sampler's shared-prefix KV cache on this base: a prompt "
+        "that starts with the same tokens as an earlier or concurrent one of the same adapter (at the same "
+        "weights) prefills only the rest. Caches are never shared across adapters (LoRA changes every "
+        "later layer's keys and values). 0 = off, the default: reuse changes the order of floating-point "
+        "sums, so sampled log-probs match a forward pass within the parity tolerance, not bit for bit.",
+    )
 
 
 class BaseInfo(Strict):
@@ -302,6 +311,18 @@ class EndpointStats(Strict):
     seconds: float
 
 
+class PrefixCacheStats(Strict):
+    hits: int = Field(0, description="prompts that reused a cached prefix")
+    misses: int = Field(0, description="prompts (on bases with a prefix cache) that found none")
+    hit_tokens: int = Field(0, description="prompt tokens whose prefill a hit saved")
+    prompt_tokens: int = Field(0, description="prompt tokens admitted to the sampler, every base")
+    prefill_tokens: int = Field(0, description="of those, the tokens prefilled (not reused)")
+    bytes: int = Field(0, description="memory the cached keys and values hold now")
+    budget_bytes: int = Field(0, description="the sum of the bases' budgets")
+    blocks: int = Field(0, description="cached blocks (16 tokens each)")
+    evictions: int = Field(0, description="blocks evicted, least recently used first, to stay in budget")
+
+
 class Stats(Strict):
     device: str
     rss_bytes: int
@@ -314,6 +335,10 @@ class Stats(Strict):
         description="rows those steps computed: decode_rows / decode_steps is the mean decode batch"
     )
     endpoints: dict[str, EndpointStats]
+    prefix_cache: PrefixCacheStats = Field(
+        default_factory=lambda: PrefixCacheStats(),
+        description="the sampler's shared-prefix KV cache, all bases",
+    )
 
 
 class ErrorBody(Strict):

@@ -393,5 +393,5 @@ def optim_step(registry: Registry, body: OptimStepRequest) -> OptimStepResponse:
     adapter.optimizer.step()
     adapter.optimizer.zero_grad(set_to_none=True)
     adapter.version += 1
-    lora_batch.bump()
+    lora_batch.bump(adapter.name)
     return OptimStepResponse(adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr)
