@@ -14,7 +14,7 @@ import resource
 import torch
 from transformers.utils import logging as hf_logging
 
-from . import checkpoints, lora_batch, training
+from . import checkpoints, lora_batch, training, training_batch
 from .compute import ComputeThread, on_compute_thread
 from .registry import Adapter, Base, Registry
 from .sampler import Sampler
@@ -28,6 +28,8 @@ from .schemas import (
     CheckpointRequest,
     CheckpointResponse,
     EndpointStats,
+    ForwardBackwardBatch,
+    ForwardBackwardBatchResponse,
     ForwardBackwardRequest,
     ForwardBackwardResponse,
     ForwardRequest,
@@ -108,6 +110,12 @@ class Engine:
     def forward_backward(self, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
         out = training.forward_backward(self.registry, body)
         self.tokens_trained += out.num_tokens
+        return out
+
+    @on_compute_thread
+    def forward_backward_batch(self, body: ForwardBackwardBatch) -> ForwardBackwardBatchResponse:
+        out = training_batch.forward_backward_batch(self.registry, body)
+        self.tokens_trained += sum(r.num_tokens for r in out.results)
         return out
 
     @on_compute_thread

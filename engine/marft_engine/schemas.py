@@ -273,6 +273,22 @@ class ForwardBackwardResponse(Strict):
     num_tokens: int
 
 
+class ForwardBackwardBatch(Strict):
+    calls: list[ForwardBackwardRequest] = Field(
+        min_length=1,
+        description="forward_backward calls answered as if made one after another: each call's "
+        "gradients accumulate into its own adapter, with its own normalisers, loss scale and stats. "
+        "Policy calls (ppo, importance_sampling, cross_entropy) on one base share micro-batches, each "
+        "row through its own adapter's LoRA; critic calls run on their own. Every call is checked "
+        "before any runs.",
+    )
+
+
+class ForwardBackwardBatchResponse(Strict):
+    results: list[ForwardBackwardResponse] = Field(description="one per call, in call order")
+    fused_passes: int = Field(description="micro-batch passes that carried rows of several calls")
+
+
 class OptimStepRequest(Strict):
     adapter: str
     lr: float | None = Field(None, gt=0, description="overrides the adapter's learning rate from now on")
