@@ -27,6 +27,11 @@ export interface ComputeEngine {
     body: Schemas["ForwardBackwardRequest"],
     o?: CallOptions,
   ): Promise<Schemas["ForwardBackwardResponse"]>;
+  /** Several forward_backward calls, answered as if made one after another; policy calls of one base share passes. */
+  forwardBackwardBatch(
+    body: Schemas["ForwardBackwardBatch"],
+    o?: CallOptions,
+  ): Promise<Schemas["ForwardBackwardBatchResponse"]>;
   optimStep(body: Schemas["OptimStepRequest"], o?: CallOptions): Promise<Schemas["OptimStepResponse"]>;
   saveCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]>;
   loadCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]>;

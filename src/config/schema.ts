@@ -36,6 +36,13 @@ const Base = z
         "auto: float32 on CPU, bf16 autocast on GPU; bfloat16: bf16 on either (fast on CPUs with AVX512_BF16/AMX)",
       ),
     seed: nonNegInt().default(0).describe("seed of a random-init (tiny:) base"),
+    prefixCacheMb: z
+      .number({ error: "expected a number of MiB" })
+      .nonnegative({ error: "expected a number of MiB >= 0" })
+      .default(0)
+      .describe(
+        "memory (MiB) for the engine's shared-prefix KV cache on this base: prompts that start like an earlier one of the same adapter (system prompt, header, few-shot examples) prefill only the rest; 0: off (reuse changes fp32 rounding, so sampled log-probs match a forward pass within tolerance, not bit for bit)",
+      ),
   })
   .describe("a base model that agents (and the critic) put their LoRA adapters on");
 
@@ -272,6 +279,12 @@ const Train = z
       .boolean({ error: "expected true or false" })
       .default(false)
       .describe("accept turns sampled by an older adapter version"),
+    batchAdapters: z
+      .boolean({ error: "expected true or false" })
+      .default(false)
+      .describe(
+        "agents that update in the same iteration share engine passes: each minibatch of all of them is one forward_backward_batch (each row through its own adapter), then one optimizer step per adapter; faster with several agents, and off by default because the shared pass rounds differently (metrics move in the last digits)",
+      ),
     evalEvery: nonNegInt().default(0).describe("evaluate every N iterations (0: only at the end)"),
     evalAtStart: z
       .boolean({ error: "expected true or false" })

@@ -17,7 +17,14 @@ import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
 import type { TrainerState } from "./rundir.ts";
 import { tasksAt, updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
-import { criticValues, type PolicyItem, recomputeLogprobs, updateCritic, updatePolicy } from "./update.ts";
+import {
+  criticValues,
+  type PolicyItem,
+  recomputeLogprobs,
+  updateCritic,
+  updatePolicies,
+  updatePolicy,
+} from "./update.ts";
 
 export interface TrainerOptions {
   /** Where to continue from (a checkpoint's trainer state); default: iteration 0. */
@@ -88,11 +95,17 @@ export class Trainer {
 
     // 4. PPO on each adapter the schedule updates
     const policy: MetricsRow = {};
-    for (const adapter of updatingAdapters(c, it)) {
-      const mine = this.itemsOf(adapter, steps, advantages);
-      const update = () => this.updatePolicy(adapter, mine);
-      if (mine.length > 0) Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
-    }
+    const todo = updatingAdapters(c, it)
+      .map((adapter) => ({ adapter, items: this.itemsOf(adapter, steps, advantages) }))
+      .filter((w) => w.items.length > 0);
+    if (c.train.batchAdapters && todo.length > 1) {
+      const label = `policy/${todo.map((w) => w.adapter).join("+")}`;
+      Object.assign(policy, await phases.run("policy", () => this.updatePolicies(todo), label));
+    } else
+      for (const { adapter, items } of todo) {
+        const update = () => this.updatePolicy(adapter, items);
+        Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
+      }
 
     // 5. the critic towards the returns
     const critic = usesCritic(c)
@@ -154,22 +167,40 @@ export class Trainer {
 
   /** PPO for one adapter, its old log-probs first recomputed where the base computes in bf16. */
   private async updatePolicy(adapter: string, items: PolicyItem[]): Promise<MetricsRow> {
+    const row: MetricsRow = {};
+    items = await this.oldLogprobs(adapter, items, row);
+    const u = await updatePolicy(this.engine, adapter, items, this.config.ppo, this.rng);
+    this.versions[adapter] = u.version;
+    return { ...row, ...metrics.policyMetrics(adapter, u, this.config.ppo.klCoef) };
+  }
+
+  /** PPO for several adapters in shared engine passes (`train.batchAdapters`). */
+  private async updatePolicies(todo: { adapter: string; items: PolicyItem[] }[]): Promise<MetricsRow> {
+    const row: MetricsRow = {};
+    const work = [];
+    for (const { adapter, items } of todo)
+      work.push({ adapter, items: await this.oldLogprobs(adapter, items, row) });
+    const us = await updatePolicies(this.engine, work, this.config.ppo, this.rng);
+    work.forEach(({ adapter }, k) => {
+      this.versions[adapter] = us[k]!.version;
+      Object.assign(row, metrics.policyMetrics(adapter, us[k]!, this.config.ppo.klCoef));
+    });
+    return row;
+  }
+
+  /** The items with PPO's old log-probs recomputed by a forward pass where the base computes in bf16. */
+  private async oldLogprobs(adapter: string, items: PolicyItem[], row: MetricsRow): Promise<PolicyItem[]> {
     const c = this.config;
     const owner = c.agents.find((a) => a.id === adapter)!;
     const r = c.ppo.recomputeLogprobs;
-    const row: MetricsRow = {};
-    if (r === "auto" ? this.bf16Bases.has(owner.base) : r) {
-      const re = await recomputeLogprobs(
-        this.engine,
-        adapter,
-        items.map((x) => x.step),
-      );
-      row[`logprob_mismatch/${adapter}`] = re.mismatch;
-      items = items.map((x, i) => ({ ...x, oldLogprobs: re.oldLogprobs[i]! }));
-    }
-    const u = await updatePolicy(this.engine, adapter, items, c.ppo, this.rng);
-    this.versions[adapter] = u.version;
-    return { ...row, ...metrics.policyMetrics(adapter, u, c.ppo.klCoef) };
+    if (!(r === "auto" ? this.bf16Bases.has(owner.base) : r)) return items;
+    const re = await recomputeLogprobs(
+      this.engine,
+      adapter,
+      items.map((x) => x.step),
+    );
+    row[`logprob_mismatch/${adapter}`] = re.mismatch;
+    return items.map((x, i) => ({ ...x, oldLogprobs: re.oldLogprobs[i]! }));
   }
 
   /** The actions whose turns `adapter` sampled, with their advantages. */
