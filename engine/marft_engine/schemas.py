@@ -48,7 +48,8 @@ class BaseCreate(Strict):
     name: str = Field(min_length=1, max_length=128, description="Name the base is referred to by.")
     source: str = Field(
         description="tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, "
-        "gguf:<file>, or pkg:smollm2-135m-instruct"
+        "gguf:<file>, pkg:smollm2-135m-instruct, or pkg:gemma3-270m (the pretrained Gemma 3 270M, with a "
+        "plain User:/Assistant: transcript as its chat template)"
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",

@@ -21,7 +21,8 @@ from marft_engine.schemas import (
 
 def grads(engine: Engine) -> dict[str, list[torch.Tensor | None]]:
     out = {
-        name: [None if p.grad is None else p.grad.clone() for p in a.params] for name, a in engine.adapters.items()
+        name: [None if p.grad is None else p.grad.clone() for p in a.params]
+        for name, a in engine.adapters.items()
     }
     for a in engine.adapters.values():
         a.optimizer.zero_grad(set_to_none=True)
@@ -31,9 +32,13 @@ def grads(engine: Engine) -> dict[str, list[torch.Tensor | None]]:
 def calls(engine: Engine) -> list[ForwardBackwardRequest]:
     """PPO for A (with a KL penalty) and D (token-sum, scaled, another temperature), a second call for
     A at another temperature (agents sharing an adapter), cross-entropy for B, a critic call."""
-    value_data = [Datum(tokens=d.tokens, returns=[0.5] * len(d.tokens)) for d in ppo_data(engine, "A", 40, n=3)]
+    value_data = [
+        Datum(tokens=d.tokens, returns=[0.5] * len(d.tokens)) for d in ppo_data(engine, "A", 40, n=3)
+    ]
     return [
-        ForwardBackwardRequest(adapter="A", loss="ppo", data=ppo_data(engine, "A", 41), ppo=PPOConfig(kl_coef=0.1)),
+        ForwardBackwardRequest(
+            adapter="A", loss="ppo", data=ppo_data(engine, "A", 41), ppo=PPOConfig(kl_coef=0.1)
+        ),
         ForwardBackwardRequest(
             adapter="D",
             loss="ppo",

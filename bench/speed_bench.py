@@ -1,0 +1,511 @@
+"""Engine speed against the hardware: the figures of issue 17, each a ratio measured in one run.
+
+    .venv/bin/python bench/speed_bench.py [--quick] [--source pkg:smollm2-135m-instruct] --out FILE.json
+
+- matmul probe: the dense GEMM rate of this CPU (or GPU) in fp32 and bf16, n x n x n, on the engine's
+  compute thread with its thread count. It is the compute limit the fractions below are taken against.
+- decode_roofline_fraction: engine decode tokens/s at batch 32 over probe FLOP/s / FLOPs per token
+  (2 x every linear weight incl. the LM head, plus attention over the context). Also in bf16.
+- train_flops_fraction: model FLOP/s of forward_backward (PPO, LoRA r16 on every projection) on the
+  demo's shapes (8 data of a 60-100 token prompt and a 12-20 token answer, weights on the answer) over
+  the probe. Model FLOPs: 4 x linear weights x tokens (forward, and the backward's activation
+  gradients; the frozen base has no weight gradients) + 4 x head weights x scored tokens (the head
+  runs on the answer only) + 6 x LoRA weights x tokens + attention.
+- mixed_adapter_train_speedup: 4 adapters' PPO updates (forward_backward + optim_step each), same
+  data: 4 separate forward_backward calls against one forward_backward_batch.
+- prefix_reuse_speedup: a 4-agent sequential rollout of 32 episodes whose prompts share a 300-token
+  header of few-shot examples (16-token answers), with the prefix cache against without.
+- engine_vs_generate_short: batch 64 of the demo's shape (a system prompt and a one-line problem;
+  answers of 12-20 tokens, each row its own length): engine tokens/s (prefix cache on, and off) over
+  plain `generate` on the same rows, which runs the batch to its longest answer (20); both count the
+  12-20 wanted tokens of each row.
+
+Every comparison alternates its sides `reps` times and takes each side's median: the machine is
+shared, and alternating exposes both sides to the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from marft_engine.engine import Engine
+from marft_engine.models import load_source
+from marft_engine.schemas import (
+    AdapterCreate,
+    BaseCreate,
+    Datum,
+    ForwardBackwardBatch,
+    ForwardBackwardRequest,
+    LoraConfig,
+    OptimStepRequest,
+    SampleBatch,
+    SampleRequest,
+    SamplingParams,
+)
+
+SMOL = "pkg:smollm2-135m-instruct"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def alternate(
+    sides: dict[str, Callable[[], Any]], reps: int, device: str
+) -> dict[str, float]:
+    """Median seconds of each side, the sides run in turn `reps` times."""
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(reps):
+        for k, fn in sides.items():
+            times[k].append(timed(fn, device))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def matmul_flops(
+    dtype: torch.dtype, device: str, n: int = 1024, reps: int = 5
+) -> float:
+    """Dense GEMM FLOP/s: the median of `reps` n x n x n products after two warm-ups."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        a @ b
+    return (
+        2 * n**3 / statistics.median(timed(lambda: a @ b, device) for _ in range(reps))
+    )
+
+
+def shape(model: torch.nn.Module) -> dict[str, float]:
+    """Weights of the linear layers (LM head apart) and of the head, layers, hidden and KV size."""
+    head = model.get_output_embeddings()
+    linear = sum(
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+        and m is not head
+        and "lora_" not in type(m).__name__.lower()
+    )
+    lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    cfg = model.config.get_text_config()
+    head_dim = (
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    )
+    return {
+        "linear": float(linear - lora),
+        "head": float(head.weight.numel()),
+        "lora": float(lora),
+        "layers": float(cfg.num_hidden_layers),
+        "q_width": float(cfg.num_attention_heads * head_dim),
+    }
+
+
+def attention_flops(s: dict[str, float], context: float) -> float:
+    """Per token: scores and the weighted sum of values over `context` positions, every layer."""
+    return 4 * s["layers"] * s["q_width"] * context
+
+
+def prompts_of(tok: Any, system: str, users: list[str]) -> list[list[int]]:
+    out = []
+    for u in users:
+        ids = tok.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": u}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        out.append(
+            [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+        )
+    return out
+
+
+def problems(n: int, seed: int) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    names = ["Tom", "Ana", "Li", "Sara", "Ravi", "Mia", "Ken", "Zoe"]
+    things = ["apples", "books", "coins", "pens", "cards", "shells"]
+    out = []
+    for i in range(n):
+        a, b = (int(x) for x in torch.randint(2, 60, (2,), generator=g))
+        out.append(
+            f"{names[i % 8]} has {a} {things[i % 6]} and gets {b} more. How many {things[i % 6]} now?"
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def bench_decode(
+    eng: Engine, base: str, device: str, batch: int, new_tokens: int, reps: int
+) -> dict[str, float]:
+    b = eng.bases[base]
+    ps = prompts_of(b.tokenizer, "You are a helpful assistant.", problems(batch, 1))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    reqs = [
+        SampleRequest(adapter="__base__", base=base, prompt_ids=p, sampling=sp, seed=i)
+        for i, p in enumerate(ps)
+    ]
+    eng.sample(SampleBatch(requests=reqs[:4]))  # warm-up
+    dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
+    probe: list[float] = []
+    t = alternate(
+        {
+            "decode": lambda: eng.sample(SampleBatch(requests=reqs)),
+            "probe": lambda: probe.append(
+                eng.compute.call(lambda: matmul_flops(dt, device))
+            ),
+        },
+        reps,
+        device,
+    )
+    s = shape(b.hf)
+    ctx = statistics.mean(len(p) for p in ps) + new_tokens / 2
+    per_token = 2 * (s["linear"] + s["head"]) + attention_flops(s, ctx)
+    tps = batch * new_tokens / t["decode"]
+    peak = statistics.median(probe)
+    return {
+        "tokens_per_s": tps,
+        "probe_flops": peak,
+        "flops_per_token": per_token,
+        "limit_tokens_per_s": peak / per_token,
+        "roofline_fraction": tps * per_token / peak,
+        # weights read per step over the step time: decode at this batch is compute-bound when this is
+        # far below the memory bandwidth
+        "weight_bytes_per_s": (s["linear"] + s["head"])
+        * (4 if dt == torch.float32 else 2)
+        * tps
+        / batch,
+    }
+
+
+def demo_data(tok_vocab: int, n: int, seed: int) -> list[Datum]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        p = int(torch.randint(60, 101, (1,), generator=g))
+        r = int(torch.randint(12, 21, (1,), generator=g))
+        toks = torch.randint(0, min(tok_vocab, 32000), (p + r,), generator=g).tolist()
+        out.append(
+            Datum(
+                tokens=toks,
+                weights=[0.0] * p + [1.0] * r,
+                old_logprobs=[-5.0] * (p + r),
+                advantages=torch.randn(p + r, generator=g).tolist(),
+            )
+        )
+    return out
+
+
+def bench_train(
+    eng: Engine, base: str, device: str, reps: int, n_data: int = 8
+) -> dict[str, float]:
+    names = [f"t{k}" for k in range(4)]
+    for k, name in enumerate(names):
+        eng.create_adapter(
+            AdapterCreate(
+                name=name,
+                base=base,
+                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
+                seed=k,
+            )
+        )
+    b = eng.bases[base]
+    calls = [
+        ForwardBackwardRequest(
+            adapter=n, loss="ppo", data=demo_data(b.vocab_size, n_data, 10 + k)
+        )
+        for k, n in enumerate(names)
+    ]
+
+    def steps() -> None:
+        for n in names:
+            eng.optim_step(OptimStepRequest(adapter=n))
+
+    def separate() -> None:
+        for c in calls:
+            eng.forward_backward(c)
+        steps()
+
+    def fused() -> None:
+        eng.forward_backward_batch(ForwardBackwardBatch(calls=calls))
+        steps()
+
+    def one() -> None:
+        eng.forward_backward(calls[0])
+
+    separate(), fused()  # warm-up
+    dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
+    probe: list[float] = []
+    t = alternate(
+        {
+            "separate": separate,
+            "fused": fused,
+            "one": one,
+            "probe": lambda: probe.append(
+                eng.compute.call(lambda: matmul_flops(dt, device))
+            ),
+        },
+        reps,
+        device,
+    )
+    s = shape(b.hf)
+    s["lora"] = sum(p.numel() for p in eng.adapters["t0"].params)
+    tokens = sum(len(d.tokens) for d in calls[0].data)
+    scored = sum(sum(1 for w in d.weights or [] if w > 0) for d in calls[0].data)
+    ctx = statistics.mean(len(d.tokens) for d in calls[0].data) / 2
+    flops = 4 * s["linear"] * tokens + 4 * s["head"] * scored + 6 * s["lora"] * tokens
+    flops += (
+        3 * attention_flops(s, ctx) * tokens
+    )  # forward, and the backward's two products
+    peak = statistics.median(probe)
+    for n in names:
+        eng.delete_adapter(n)
+    return {
+        "mixed_adapter_train_speedup": t["separate"] / t["fused"],
+        "separate_seconds": t["separate"],
+        "fused_seconds": t["fused"],
+        "forward_backward_seconds": t["one"],
+        "model_flops_per_call": flops,
+        "train_flops_fraction": flops / t["one"] / peak,
+        "probe_flops": peak,
+        "train_tokens_per_s": tokens / t["one"],
+    }
+
+
+def few_shot(n: int) -> str:
+    """n worked examples, the same in every prompt (12: about 300 SmolLM2 tokens)."""
+    return " ".join(
+        f"Example {i}: {p} Answer: {i * 7 % 50 + 3}."
+        for i, p in enumerate(problems(n, 99))
+    )
+
+
+def bench_prefix_reuse(
+    eng: Engine,
+    base: str,
+    device: str,
+    reps: int,
+    episodes: int = 32,
+    examples: int = 12,
+) -> dict[str, float]:
+    names = [f"agent{k}" for k in range(4)]
+    for k, n in enumerate(names):
+        if n not in eng.adapters:
+            eng.create_adapter(AdapterCreate(name=n, base=base, seed=k))
+    b = eng.bases[base]
+    tok = b.tokenizer
+    tasks = problems(episodes, 5)
+    sp = SamplingParams(temperature=0.7, max_new_tokens=16, ignore_eos=True)
+    header = few_shot(examples)
+    header_tokens = len(tok(header, add_special_tokens=False)["input_ids"])
+
+    def rollout() -> None:
+        answers: list[list[str]] = [[] for _ in tasks]
+        for k, n in enumerate(names):
+            users = [
+                f"{header}\n\nProblem: {t}"
+                + "".join(f"\nagent{j}: {a}" for j, a in enumerate(answers[e]))
+                for e, t in enumerate(tasks)
+            ]
+            ps = prompts_of(tok, f"You are agent {k} of a team. Be brief.", users)
+            reqs = [
+                SampleRequest(adapter=n, prompt_ids=p, sampling=sp, seed=100 * k + e)
+                for e, p in enumerate(ps)
+            ]
+            out = eng.sample(SampleBatch(requests=reqs))
+            for e, r in enumerate(out.results):
+                answers[e].append(r.completions[0].text)
+
+    budget = b.prefix_cache_bytes
+
+    def with_reuse() -> None:
+        b.prefix_cache_bytes = max(budget, 2**30)
+        eng.sampler.prefix.pop(
+            base, None
+        )  # a cold cache: a rollout's first prompts miss
+        rollout()
+
+    def without() -> None:
+        b.prefix_cache_bytes = 0
+        rollout()
+
+    eng.sample(
+        SampleBatch(
+            requests=[
+                SampleRequest(adapter=names[0], prompt_ids=[1, 2, 3], sampling=sp)
+            ]
+        )
+    )
+    before = eng.stats({}).prefix_cache
+    t = alternate({"off": without, "on": with_reuse}, reps, device)
+    after = eng.stats({}).prefix_cache
+    b.prefix_cache_bytes = budget
+    return {
+        "prefix_reuse_speedup": t["off"] / t["on"],
+        "seconds_without": t["off"],
+        "seconds_with": t["on"],
+        "header_tokens": float(header_tokens),
+        "reused_fraction": (after.hit_tokens - before.hit_tokens)
+        / max(1, after.prompt_tokens - before.prompt_tokens),
+    }
+
+
+def bench_short_answers(
+    eng: Engine, base: str, device: str, reps: int, batch: int = 64
+) -> dict[str, float]:
+    b = eng.bases[base]
+    tok = b.tokenizer
+    ps = prompts_of(tok, "Answer with only the final number.", problems(batch, 3))
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.randint(12, 21, (batch,), generator=g).tolist()
+    reqs = [
+        SampleRequest(
+            adapter="__base__",
+            base=base,
+            prompt_ids=p,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True),
+            seed=i,
+        )
+        for i, (p, n) in enumerate(zip(ps, lengths, strict=True))
+    ]
+    L = max(len(p) for p in ps)
+    ids = torch.full((batch, L), b.pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, L), dtype=torch.long)
+    for i, p in enumerate(ps):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = torch.tensor(p), 1
+    ids, mask = ids.to(b.device), mask.to(b.device)
+    # plain transformers on its own copy of the model (no LoRA layers injected), on the compute thread
+    model = eng.compute.call(
+        lambda: load_source(b.source, b.seed)[0].to(b.device).eval()
+    )
+
+    def generate() -> None:
+        def run() -> None:
+            with torch.no_grad():
+                model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    top_k=0,
+                    max_new_tokens=max(lengths),
+                    min_new_tokens=max(lengths),
+                    pad_token_id=b.pad_id,
+                )
+
+        eng.compute.call(run)
+
+    budget = b.prefix_cache_bytes
+
+    def engine(on: bool) -> Callable[[], None]:
+        def go() -> None:
+            b.prefix_cache_bytes = 2**30 if on else 0
+            eng.sampler.prefix.pop(base, None)  # cold: only sharing within the batch
+            eng.sample(SampleBatch(requests=reqs))
+
+        return go
+
+    engine(False)()
+    generate()
+    t = alternate(
+        {
+            "generate": generate,
+            "engine": engine(True),
+            "engine_no_reuse": engine(False),
+        },
+        reps,
+        device,
+    )
+    b.prefix_cache_bytes = budget
+    wanted = sum(lengths)
+    return {
+        "engine_vs_generate_short": t["generate"] / t["engine"],
+        "engine_vs_generate_short_no_reuse": t["generate"] / t["engine_no_reuse"],
+        "engine_short_tokens_per_s": wanted / t["engine"],
+        "generate_short_tokens_per_s": wanted / t["generate"],
+    }
+
+
+def run_all(device: str, source: str, reps: int, quick: bool) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        "device": device,
+        "source": source,
+        "reps": reps,
+        "torch_threads": torch.get_num_threads(),
+    }
+    for dtype in ["float32", "bfloat16"]:
+        eng = Engine(device=device, max_batch=64)
+        try:
+            eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))  # type: ignore[arg-type]
+            d = bench_decode(eng, "s", device, 32, 16 if quick else 32, reps)
+            res.update({f"decode_{k}_{dtype}": v for k, v in d.items()})
+            tr = bench_train(eng, "s", device, reps)
+            res.update({f"{k}_{dtype}": v for k, v in tr.items()})
+            if dtype == "float32":
+                # a byte-level tiny model (tests) takes 1024 tokens: a shorter header
+                res.update(
+                    bench_prefix_reuse(
+                        eng,
+                        "s",
+                        device,
+                        reps,
+                        examples=2 if source.startswith("tiny:") else 12,
+                    )
+                )
+                res.update(bench_short_answers(eng, "s", device, reps))
+        finally:
+            eng.close()
+    # headlines: fp32 (the engine's CPU default) against the fp32 probe
+    res["decode_roofline_fraction"] = res["decode_roofline_fraction_float32"]
+    res["train_flops_fraction"] = res["train_flops_fraction_float32"]
+    res["mixed_adapter_train_speedup"] = res["mixed_adapter_train_speedup_float32"]
+    res["engine_vs_generate_ratio_short"] = res["engine_vs_generate_short"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--source", default=SMOL)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 alternations instead of 5, 16 decode tokens",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (the engine's default on CPU: 1)",
+    )
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    res = run_all(args.device, args.source, 3 if args.quick else 5, args.quick)
+    res["seconds"] = time.time() - t0
+    Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    for k, v in sorted(res.items()):
+        print(f"{k:48s} {v:.4g}" if isinstance(v, float) else f"{k:48s} {v}")
+
+
+if __name__ == "__main__":
+    main()
