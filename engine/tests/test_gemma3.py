@@ -43,11 +43,15 @@ def test_gemma3_loads_continues_prompts_and_trains() -> None:
         # the chat template: BOS, the system paragraph, User:/Assistant: lines
         msgs = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi")]
         eng.create_adapter(
-            AdapterCreate(name="ga", base="g", lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+            AdapterCreate(
+                name="ga", base="g", lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+            )
         )
         out = eng.sample(
             SampleBatch(
-                requests=[SampleRequest(adapter="ga", messages=msgs, sampling=SamplingParams(max_new_tokens=6))],
+                requests=[
+                    SampleRequest(adapter="ga", messages=msgs, sampling=SamplingParams(max_new_tokens=6))
+                ],
                 seed=0,
             )
         )
@@ -60,7 +64,9 @@ def test_gemma3_loads_continues_prompts_and_trains() -> None:
         assert max(abs(a - b) for a, b in zip(tail, comp.logprobs, strict=True)) < 1e-3
         weights = [0.0] * len(res.prompt_ids) + [1.0] * len(comp.response_ids)
         fb = eng.forward_backward(
-            ForwardBackwardRequest(adapter="ga", loss="cross_entropy", data=[Datum(tokens=toks, weights=weights)])
+            ForwardBackwardRequest(
+                adapter="ga", loss="cross_entropy", data=[Datum(tokens=toks, weights=weights)]
+            )
         )
         assert fb.loss > 0
         assert eng.optim_step(OptimStepRequest(adapter="ga")).grad_norm > 0
