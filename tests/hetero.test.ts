@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { startLocalEngine } from "../src/client/launcher.ts";
 import { loadRunConfig } from "../src/config/load.ts";
+import { datasetsDir } from "../src/envs/datasets.ts";
 import { makeSuite } from "../src/envs/tasks.ts";
 import { RunDir } from "../src/train/rundir.ts";
 import { train } from "../src/train/run.ts";
@@ -18,6 +19,7 @@ const CONFIGS = join(import.meta.dirname, "..", "configs");
 describe("a team on two real bases", () => {
   it("SmolLM2 + Gemma 3 agents with a SmolLM2 critic train for two iterations", async () => {
     const config = loadRunConfig(join(CONFIGS, "hetero-team.yaml"), [
+      `task.trainFile=${join(datasetsDir(), "gsm8k/train.jsonl")}`,
       "train.iterations=2",
       "train.tasksPerIter=4",
       "eval.n=2",

@@ -290,6 +290,20 @@ class ForwardBackwardBatchResponse(Strict):
     fused_passes: int = Field(description="micro-batch passes that carried rows of several calls")
 
 
+class RetokenizeRequest(Strict):
+    from_base: str
+    to_base: str
+    ids: list[list[int]] = Field(description="token sequences of from_base's tokenizer")
+
+
+class RetokenizeResponse(Strict):
+    ids: list[list[int]] = Field(
+        description="each sequence decoded by from_base's tokenizer (special tokens kept as text) and "
+        "encoded by to_base's, without added special tokens: how a critic on one base reads the turns "
+        "of agents on another"
+    )
+
+
 class OptimStepRequest(Strict):
     adapter: str
     lr: float | None = Field(None, gt=0, description="overrides the adapter's learning rate from now on")

@@ -48,6 +48,8 @@ from .schemas import (
     Health,
     OptimStepRequest,
     OptimStepResponse,
+    RetokenizeRequest,
+    RetokenizeResponse,
     SampleBatch,
     SampleResponse,
     Stats,
@@ -195,6 +197,10 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
     @app.post("/v1/forward_backward_batch", response_model=ForwardBackwardBatchResponse)
     async def forward_backward_batch(body: ForwardBackwardBatch) -> ForwardBackwardBatchResponse:
         return await run(need().forward_backward_batch, body)
+
+    @app.post("/v1/retokenize", response_model=RetokenizeResponse)
+    async def retokenize(body: RetokenizeRequest) -> RetokenizeResponse:
+        return await run(need().retokenize, body)
 
     @app.post("/v1/optim_step", response_model=OptimStepResponse)
     async def optim_step(body: OptimStepRequest) -> OptimStepResponse:

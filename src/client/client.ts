@@ -150,6 +150,11 @@ export class EngineClient implements ComputeEngine {
     );
   }
 
+  /** Changes nothing: safe to re-send. */
+  retokenize(body: Schemas["RetokenizeRequest"], o?: CallOptions): Promise<Schemas["RetokenizeResponse"]> {
+    return this.call("post", "/v1/retokenize", body, true, o, answers.RetokenizeResponse);
+  }
+
   optimStep(body: Schemas["OptimStepRequest"], o?: CallOptions): Promise<Schemas["OptimStepResponse"]> {
     return this.call("post", "/v1/optim_step", body, false, o, answers.OptimStepResponse);
   }

@@ -176,6 +176,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/retokenize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Retokenize */
+        post: operations["retokenize_v1_retokenize_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sample": {
         parameters: {
             query?: never;
@@ -297,7 +314,7 @@ export interface components {
             seed?: number;
             /**
              * Source
-             * @description tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, gguf:<file>, or pkg:smollm2-135m-instruct
+             * @description tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, gguf:<file>, pkg:smollm2-135m-instruct, or pkg:gemma3-270m (the pretrained Gemma 3 270M, with a plain User:/Assistant: transcript as its chat template)
              */
             source: string;
         };
@@ -736,6 +753,26 @@ export interface components {
              * @default 0
              */
             prompt_tokens?: number;
+        };
+        /** RetokenizeRequest */
+        RetokenizeRequest: {
+            /** From Base */
+            from_base: string;
+            /**
+             * Ids
+             * @description token sequences of from_base's tokenizer
+             */
+            ids: number[][];
+            /** To Base */
+            to_base: string;
+        };
+        /** RetokenizeResponse */
+        RetokenizeResponse: {
+            /**
+             * Ids
+             * @description each sequence decoded by from_base's tokenizer (special tokens kept as text) and encoded by to_base's, without added special tokens: how a critic on one base reads the turns of agents on another
+             */
+            ids: number[][];
         };
         /** SampleBatch */
         SampleBatch: {
@@ -1864,6 +1901,93 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["OptimStepResponse"];
+                };
+            };
+            /** @description Bad request (names the field) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown base or adapter */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Name already taken */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Validation error (names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error; the engine keeps serving */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    retokenize_v1_retokenize_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RetokenizeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RetokenizeResponse"];
                 };
             };
             /** @description Bad request (names the field) */

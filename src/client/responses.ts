@@ -51,6 +51,10 @@ export const ForwardBackwardBatchResponse = z.object({
   fused_passes: int(),
 }) satisfies z.ZodType<Schemas["ForwardBackwardBatchResponse"]>;
 
+export const RetokenizeResponse = z.object({
+  ids: z.array(z.array(int())),
+}) satisfies z.ZodType<Schemas["RetokenizeResponse"]>;
+
 export const OptimStepResponse = z.object({
   adapter: z.string(),
   version: int(),

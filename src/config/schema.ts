@@ -439,6 +439,17 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
         message: `unknown base "${c.critic.base}" (bases: ${baseNames.join(", ") || "none"})`,
         input: c.critic.base,
       });
+    else if (c.algo.estimator === "marft-t") {
+      // token-level values need the agents' tokens: a critic reads other bases' turns re-tokenized
+      const other = c.agents.findIndex((a) => a.base !== c.critic!.base);
+      if (other >= 0)
+        ctx.addIssue({
+          code: "custom",
+          path: ["agents", other, "base"],
+          message: `marft-t needs every agent on the critic's base "${c.critic.base}" (token-level values); marft-a takes agents on other bases`,
+          input: c.agents[other]!.base,
+        });
+    }
   }
   if (c.algo.estimator === "critic-free" && c.train.samplesPerTask < 2)
     ctx.addIssue({

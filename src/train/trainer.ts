@@ -15,6 +15,7 @@ import { type EvalResult, evaluate } from "./evaluate.ts";
 import * as metrics from "./metrics.ts";
 import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
 import type { TrainerState } from "./rundir.ts";
+import { criticView, valuesInAgentLayout } from "./critic-view.ts";
 import { tasksAt, updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
 import {
@@ -88,7 +89,12 @@ export class Trainer {
     const agents = steps.map((s) => s.turn.agent);
 
     // 3. credit: the critic's values, then GAE or group baselines, then per-agent normalisation
-    const values = usesCritic(c) ? await phases.run("values", () => criticValues(this.engine, steps)) : null;
+    const seen = usesCritic(c) ? await criticView(this.engine, steps, c) : steps; // other bases re-tokenized
+    const values = usesCritic(c)
+      ? await phases.run("values", async () =>
+          (await criticValues(this.engine, seen)).map((v, i) => valuesInAgentLayout(steps[i]!, seen[i]!, v)),
+        )
+      : null;
     const raw = ESTIMATORS[c.algo.estimator](creditBatch(steps, episodes, values), c.algo);
     this.checkZero(raw, agents);
     const advantages = normalizeAdvantages(raw, agents, c.algo);
@@ -109,7 +115,7 @@ export class Trainer {
 
     // 5. the critic towards the returns
     const critic = usesCritic(c)
-      ? await phases.run("critic", () => updateCritic(this.engine, steps, raw, c, this.rng))
+      ? await phases.run("critic", () => updateCritic(this.engine, seen, raw, c, this.rng))
       : null;
     if (critic) this.versions[CRITIC_ADAPTER] = critic.version;
 

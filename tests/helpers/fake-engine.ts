@@ -159,6 +159,11 @@ export class FakeEngine implements ComputeEngine {
     return { results, fused_passes: 1 };
   }
 
+  async retokenize(body: Schemas["RetokenizeRequest"]): Promise<Schemas["RetokenizeResponse"]> {
+    this.calls.push({ endpoint: "retokenize", adapter: `${body.from_base}->${body.to_base}` });
+    return { ids: body.ids.map((xs) => [...xs]) };
+  }
+
   async optimStep(body: Schemas["OptimStepRequest"]): Promise<Schemas["OptimStepResponse"]> {
     const a = this.adapter(body.adapter);
     this.calls.push({ endpoint: "optimStep", adapter: body.adapter });
