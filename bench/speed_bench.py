@@ -441,6 +441,16 @@ def bench_short_answers(
     }
 
 
+def report(part: dict[str, Any]) -> dict[str, Any]:
+    """Print a section's figures as they come (a loaded machine makes the whole run long)."""
+    for k, v in sorted(part.items()):
+        print(
+            f"  {k:46s} {v:.4g}" if isinstance(v, float) else f"  {k:46s} {v}",
+            flush=True,
+        )
+    return part
+
+
 def run_all(device: str, source: str, reps: int, quick: bool) -> dict[str, Any]:
     res: dict[str, Any] = {
         "device": device,
@@ -453,21 +463,23 @@ def run_all(device: str, source: str, reps: int, quick: bool) -> dict[str, Any]:
         try:
             eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))  # type: ignore[arg-type]
             d = bench_decode(eng, "s", device, 32, 16 if quick else 32, reps)
-            res.update({f"decode_{k}_{dtype}": v for k, v in d.items()})
+            res.update(report({f"decode_{k}_{dtype}": v for k, v in d.items()}))
             tr = bench_train(eng, "s", device, reps)
-            res.update({f"{k}_{dtype}": v for k, v in tr.items()})
+            res.update(report({f"{k}_{dtype}": v for k, v in tr.items()}))
             if dtype == "float32":
                 # a byte-level tiny model (tests) takes 1024 tokens: a shorter header
                 res.update(
-                    bench_prefix_reuse(
-                        eng,
-                        "s",
-                        device,
-                        reps,
-                        examples=2 if source.startswith("tiny:") else 12,
+                    report(
+                        bench_prefix_reuse(
+                            eng,
+                            "s",
+                            device,
+                            reps,
+                            examples=2 if source.startswith("tiny:") else 12,
+                        )
                     )
                 )
-                res.update(bench_short_answers(eng, "s", device, reps))
+                res.update(report(bench_short_answers(eng, "s", device, reps)))
         finally:
             eng.close()
     # headlines: fp32 (the engine's CPU default) against the fp32 probe
