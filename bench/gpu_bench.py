@@ -39,7 +39,7 @@ from marft_engine.schemas import (
     SampleRequest,
     SamplingParams,
 )
-from speed_bench import TARGETS, alternate, attention_flops, matmul_flops, shape, timed
+from probe import TARGETS, alternate, attention_flops, matmul_flops, shape, timed
 
 
 def bandwidth(device: str, elements: int) -> float:
