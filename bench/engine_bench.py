@@ -272,7 +272,9 @@ def memory_child(layout: str, agents: int) -> None:
         eng = Engine(device="cpu")
         # The engine's frozen base stays as loaded (file-backed safetensors pages); the forward passes
         # below touch every weight, so all of it is resident and counted.
-        eng.create_base(BaseCreate(name="b", source=SMOL, dtype="float32"))  # like the fp32 copies
+        eng.create_base(
+            BaseCreate(name="b", source=SMOL, dtype="float32")
+        )  # like the fp32 copies
         for i in range(agents):
             eng.create_adapter(AdapterCreate(name=f"agent{i}", base="b", seed=i))
         eng.create_adapter(

@@ -27,16 +27,23 @@ const TOP_K = 50;
 // The reference's scheme runs in both precisions and the faster one is the baseline: in fp32, and in
 // bf16 as Hugging Face runs a bf16 model. MARFT's engine runs the base as the demo does (bf16).
 const REFERENCE_DTYPES = ["float32", "bfloat16"] as const;
+type Dtype = (typeof REFERENCE_DTYPES)[number];
+
+// What the baseline measures, named: the reference's real iteration also runs a critic pass and two
+// full-vocabulary log-prob forwards per agent, which this does not model (docs/MEASUREMENTS.md).
+const BASELINE =
+  "the MARFT reference's sampling scheme only: a model copy per agent, HF generate per agent over the batch of episodes (its critic and log-prob passes are not included)";
 
 export interface RolloutBenchCase {
+  seed: number;
   agents: number;
   graph: "sequential" | "parallel";
   marftSeconds: number;
   referenceSeconds: number; // the faster of referenceSecondsByDtype
-  referenceSecondsByDtype: Record<(typeof REFERENCE_DTYPES)[number], number>;
+  referenceSecondsByDtype: Partial<Record<Dtype, number>>; // after the first seed: the faster dtype only
   marftTokens: number;
   referenceTokens: number; // of the faster reference run
-  referenceTokensByDtype: Record<(typeof REFERENCE_DTYPES)[number], number>;
+  referenceTokensByDtype: Partial<Record<Dtype, number>>;
   speedup: number;
 }
 
@@ -116,12 +123,21 @@ function referenceRollout(
  * and the comparison measures little more than one decode step against another (README: 8 episodes).
  */
 export async function benchRollout(
-  opts: { quick?: boolean; episodes?: number; log?: (s: string) => void } = {},
+  opts: {
+    quick?: boolean;
+    episodes?: number;
+    seeds?: number[];
+    agents?: number[];
+    graphs?: ("sequential" | "parallel")[];
+    log?: (s: string) => void;
+  } = {},
 ): Promise<{
-  settings: { episodes: number; maxNewTokens: number; temperature: number; topK: number };
+  settings: { episodes: number; maxNewTokens: number; temperature: number; topK: number; seeds: number[] };
+  baseline: string;
   cases: RolloutBenchCase[];
-  rollout_speedup_2_agents: number;
-  rollout_speedup_4_agents: number;
+  rollout_speedup_2_agents?: number;
+  rollout_speedup_4_agents?: number;
+  rollout_speedup_4_agents_by_seed?: number[];
 }> {
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
   const episodes = opts.episodes ?? (opts.quick ? 32 : 64);
@@ -129,68 +145,92 @@ export async function benchRollout(
   const problems = loadMathProblems(join(datasetsDir(), "gsm8k/train.jsonl")).slice(0, episodes);
   const engine = await startLocalEngine({ logFile: join(tmpdir(), "marft-bench-engine.log"), device: "cpu" });
   const cases: RolloutBenchCase[] = [];
+  const seeds = opts.seeds ?? [1];
+  const fastest = new Map<string, Dtype>();
   try {
     const client = engine.client;
-    await client.createBase({ name: "smol", source: MODEL, dtype: "bfloat16" });
+    // as the demo runs it: bf16 base, the prefix cache on (each agent's system prompt is the same in
+    // every episode; an agent's prompt holds the problem the earlier agents' prompts began with)
+    await client.createBase({ name: "smol", source: MODEL, dtype: "bfloat16", prefix_cache_mb: 1024 });
     for (const a of team(4)) await client.createAdapter({ name: a.id, base: "smol" });
     const modelDir = join(
       process.env["MARFT_CACHE_DIR"] ?? join(REPO, ".cache"),
       "models/smollm2-135m-instruct",
     );
-    for (const n of [2, 4]) {
-      for (const graph of ["sequential", "parallel"] as const) {
-        const agents = team(n);
-        log(`rollout bench: ${n} agents, ${graph}, ${episodes} episodes`);
-        log("  marft start");
-        const m = await marftRollout(client, agents, { kind: graph }, problems, maxNewTokens, 1);
-        log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; reference start`);
-        const refs = REFERENCE_DTYPES.map((dtype) =>
-          referenceRollout(
-            agents,
+    for (const seed of seeds)
+      for (const n of opts.agents ?? [2, 4]) {
+        for (const graph of opts.graphs ?? (["sequential", "parallel"] as const)) {
+          const agents = team(n);
+          log(`rollout bench: ${n} agents, ${graph}, ${episodes} episodes, seed ${seed}`);
+          log("  marft start");
+          const m = await marftRollout(client, agents, { kind: graph }, problems, maxNewTokens, seed);
+          log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; reference start`);
+          // both precisions at the first seed; later seeds run the one that was faster there
+          const key = `${n} ${graph}`;
+          const dtypes = fastest.has(key) ? [fastest.get(key)!] : [...REFERENCE_DTYPES];
+          const refs = dtypes.map((dtype) =>
+            referenceRollout(
+              agents,
+              graph,
+              problems.map((p) => p.problem),
+              maxNewTokens,
+              modelDir,
+              seed,
+              dtype,
+            ),
+          );
+          const ref = refs.reduce((a, b) => (b.seconds < a.seconds ? b : a));
+          fastest.set(key, dtypes[refs.indexOf(ref)]!);
+          log(
+            `  reference ${refs.map((r, i) => `${dtypes[i]} ${r.seconds.toFixed(1)}s ${r.tokens} tokens`).join(", ")}`,
+          );
+          cases.push({
+            seed,
+            agents: n,
             graph,
-            problems.map((p) => p.problem),
-            maxNewTokens,
-            modelDir,
-            1,
-            dtype,
-          ),
-        );
-        const ref = refs.reduce((a, b) => (b.seconds < a.seconds ? b : a));
-        log(
-          `  reference ${refs.map((r, i) => `${REFERENCE_DTYPES[i]} ${r.seconds.toFixed(1)}s ${r.tokens} tokens`).join(", ")}`,
-        );
-        cases.push({
-          agents: n,
-          graph,
-          marftSeconds: m.seconds,
-          referenceSeconds: ref.seconds,
-          referenceSecondsByDtype: { float32: refs[0]!.seconds, bfloat16: refs[1]!.seconds },
-          referenceTokensByDtype: { float32: refs[0]!.tokens, bfloat16: refs[1]!.tokens },
-          marftTokens: m.tokens,
-          referenceTokens: ref.tokens,
-          speedup: ref.seconds / m.seconds,
-        });
+            marftSeconds: m.seconds,
+            referenceSeconds: ref.seconds,
+            referenceSecondsByDtype: Object.fromEntries(dtypes.map((d, i) => [d, refs[i]!.seconds])),
+            referenceTokensByDtype: Object.fromEntries(dtypes.map((d, i) => [d, refs[i]!.tokens])),
+            marftTokens: m.tokens,
+            referenceTokens: ref.tokens,
+            speedup: ref.seconds / m.seconds,
+          });
+        }
       }
-    }
   } finally {
     await engine.stop();
   }
-  const seq = (n: number) => cases.find((c) => c.agents === n && c.graph === "sequential")!.speedup;
+  // per seed, sequential teams; the headline is the mean over the seeds
+  const bySeed = (n: number) =>
+    cases.filter((c) => c.agents === n && c.graph === "sequential").map((c) => c.speedup);
+  const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : undefined);
   return {
-    settings: { episodes, maxNewTokens, temperature: TEMPERATURE, topK: TOP_K },
+    settings: { episodes, maxNewTokens, temperature: TEMPERATURE, topK: TOP_K, seeds },
+    baseline: BASELINE,
     cases,
-    rollout_speedup_2_agents: seq(2),
-    rollout_speedup_4_agents: seq(4),
+    rollout_speedup_2_agents: mean(bySeed(2)),
+    rollout_speedup_4_agents: mean(bySeed(4)),
+    rollout_speedup_4_agents_by_seed: bySeed(4),
   };
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const r = await benchRollout({ quick: process.argv.includes("--quick") });
+  const arg = (k: string) => process.argv.find((a) => a.startsWith(`--${k}=`))?.slice(k.length + 3);
+  const ints = (k: string) => arg(k)?.split(",").map(Number);
+  const r = await benchRollout({
+    quick: process.argv.includes("--quick"),
+    ...(ints("seeds") ? { seeds: ints("seeds") } : {}),
+    ...(ints("agents") ? { agents: ints("agents") } : {}),
+    ...(arg("graphs") ? { graphs: arg("graphs")!.split(",") as ("sequential" | "parallel")[] } : {}),
+    ...(ints("episodes") ? { episodes: ints("episodes")![0]! } : {}),
+  });
   console.table(r.cases);
   console.log(
     JSON.stringify({
       rollout_speedup_2_agents: r.rollout_speedup_2_agents,
       rollout_speedup_4_agents: r.rollout_speedup_4_agents,
+      rollout_speedup_4_agents_by_seed: r.rollout_speedup_4_agents_by_seed,
     }),
   );
 }

@@ -93,6 +93,29 @@ describe("one iteration, phase by phase (in-memory engine)", () => {
     }
   });
 
+  it("train.batchAdapters: each minibatch of both agents in one batch call, then one step per adapter; same data, same PRNG draws", async () => {
+    const sets = ["train.schedule=joint", "ppo.minibatches=2", "ppo.epochs=1"];
+    const one = await trainerFor("tiny-secret.yaml", sets);
+    const both = await trainerFor("tiny-secret.yaml", [...sets, "train.batchAdapters=true"]);
+    const rowOne = await one.trainer.iteration();
+    const rowBoth = await both.trainer.iteration();
+    const policy = (e: FakeEngine) =>
+      e.trace().filter((t) => !t.startsWith("sample") && !t.endsWith(" critic"));
+    expect(folded(policy(both.engine))).toEqual([
+      ...["forwardBackwardBatch speaker+listener", "optimStep speaker", "optimStep listener"],
+      ...["forwardBackwardBatch speaker+listener", "optimStep speaker", "optimStep listener"],
+    ]);
+    // one epoch: the same shuffles, so each adapter trains on the same minibatches in the same order
+    for (const a of ["speaker", "listener"])
+      expect(both.engine.trained.get(a)!.map((c) => c.data)).toEqual(
+        one.engine.trained.get(a)!.map((c) => c.data),
+      );
+    expect(both.trainer.state.adapterVersions).toEqual(one.trainer.state.adapterVersions);
+    const timed = (k: string) => k.startsWith("time/") || k.startsWith("throughput/");
+    for (const k of Object.keys(rowOne).filter((k) => !timed(k)))
+      expect([k, rowBoth[k]]).toEqual([k, rowOne[k]]);
+  });
+
   it("MARFT-T trains the critic at every action token", async () => {
     const { trainer, engine } = await trainerFor("tiny-secret.yaml", [
       "train.schedule=joint",

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from . import checkpoints, lora_batch, training
+from . import checkpoints, lora_batch, training, training_batch
 from .compute import ComputeThread, on_compute_thread
 from .delays import Delays
+from .errors import BadRequest
 from .registry import Adapter, Base, Registry
 from .sampler import Sampler
 from .schemas import (
@@ -30,6 +31,8 @@ from .schemas import (
     CheckpointRequest,
     CheckpointResponse,
     EndpointStats,
+    ForwardBackwardBatch,
+    ForwardBackwardBatchResponse,
     ForwardBackwardRequest,
     ForwardBackwardResponse,
     ForwardRequest,
@@ -37,6 +40,8 @@ from .schemas import (
     OptimStepRequest,
     OptimStepResponse,
     Progress,
+    RetokenizeRequest,
+    RetokenizeResponse,
     SampleBatch,
     SampleResponse,
     Stats,
@@ -121,6 +126,27 @@ class Engine:
         return out
 
     @on_compute_thread
+    def forward_backward_batch(self, body: ForwardBackwardBatch) -> ForwardBackwardBatchResponse:
+        out = training_batch.forward_backward_batch(self.registry, body)
+        self.tokens_trained += sum(r.num_tokens for r in out.results)
+        return out
+
+    @on_compute_thread
+    def retokenize(self, body: RetokenizeRequest) -> RetokenizeResponse:
+        src = self.registry.get_base(body.from_base, "from_base")
+        dst = self.registry.get_base(body.to_base, "to_base")
+        for i, seq in enumerate(body.ids):
+            for j, t in enumerate(seq):
+                if not 0 <= t < src.vocab_size:
+                    raise BadRequest(f"ids[{i}][{j}]: token id {t} is outside the vocabulary of {src.name!r}")
+        texts = [src.tokenizer.decode(seq, skip_special_tokens=False) for seq in body.ids]
+        return RetokenizeResponse(
+            ids=[
+                [int(t) for t in dst.tokenizer(text, add_special_tokens=False)["input_ids"]] for text in texts
+            ]
+        )
+
+    @on_compute_thread
     def optim_step(self, body: OptimStepRequest) -> OptimStepResponse:
         return training.optim_step(self.registry, body)
 
@@ -145,6 +171,7 @@ class Engine:
             decode_steps=self.sampler.decode_steps,
             decode_rows=self.sampler.decode_rows,
             endpoints={k: EndpointStats(calls=c, seconds=s) for k, (c, s) in sorted(endpoints.items())},
+            prefix_cache=self.sampler.prefix_stats(),
         )
 
 

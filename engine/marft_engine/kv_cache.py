@@ -53,6 +53,7 @@ class SlotLayer(DynamicLayer):
 
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [B, H, L, D]
+Spans = list[tuple[int, int]]  # column ranges [lo, hi) of one prefilled row that hold its prompt, in order
 _uninitialised = torch.empty  # the slot cache's allocator (a test fills it with NaN instead)
 
 
@@ -105,9 +106,11 @@ class Running(Generic[R]):
         self.first = [f - origin for f in self.first]
         self.end -= origin
 
-    def add(self, rows: list[R], kv: KV, src: list[int]) -> None:
+    def add(self, rows: list[R], kv: KV, src: list[int], spans: list[Spans] | None = None) -> None:
         """Admit rows whose prompts were prefilled into kv (per layer [P, H, Lp, D], left-padded): row j's
-        prompt cache is the last len(prompt) columns of kv row src[j]."""
+        prompt cache is the last len(prompt) columns of kv row src[j], or, with spans, the columns
+        spans[src[j]] of that row, in order (a prefill that reused a cached prefix leaves a gap between
+        the prefix and the rest of the prompt; see sampler.py)."""
         n, longest = len(self.rows), max(len(r.prompt) for r in rows)
         lo = min(self.start, self.end - longest)  # the batch's first column once they are in
         if lo < 0:  # room on the left for this prompt, and as much again for the next longer one
@@ -123,11 +126,16 @@ class Running(Generic[R]):
         Lp = kv[0][0].shape[2]
         for j, r in enumerate(rows):
             i, p, s = n + j, len(r.prompt), src[j]
+            pieces = spans[s] if spans is not None else [(Lp - p, Lp)]
+            assert sum(hi - lo for lo, hi in pieces) == p
             for layer, (k, v) in zip(self.layers, kv, strict=True):
                 layer.kbuf[i, :, lo : self.end - p] = 0
                 layer.vbuf[i, :, lo : self.end - p] = 0
-                layer.kbuf[i, :, self.end - p : self.end] = k[s, :, Lp - p :]
-                layer.vbuf[i, :, self.end - p : self.end] = v[s, :, Lp - p :]
+                at = self.end - p
+                for a, b in pieces:
+                    layer.kbuf[i, :, at : at + b - a] = k[s, :, a:b]
+                    layer.vbuf[i, :, at : at + b - a] = v[s, :, a:b]
+                    at += b - a
             self.rows.append(r)
             self.first.append(self.end - p)
             self.pos.append(p)

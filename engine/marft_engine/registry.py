@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import lora_batch, precision
 from .errors import BadRequest, Conflict, NotFound
-from .models import load_source
+from .models import context_length, load_source, plain_head
 from .peft_folder import read_peft_dir
 from .schemas import AdapterCreate, AdapterInfo, BaseCreate, BaseInfo, LoraConfig, OptimizerConfig
 
@@ -28,9 +28,6 @@ log = logging.getLogger("marft_engine")
 
 BASE_ADAPTER = "__base__"  # the adapter name that means the bare base (every adapter disabled)
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-# Model families whose logits are exactly lm_head(final hidden state): the loss may run the head on
-# the weighted positions only (see training.token_scores).
-PLAIN_HEAD_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 
 
 @dataclass
@@ -53,6 +50,8 @@ class Base:
     plain_head: bool
     # dtype of the sampler's KV cache; None: as the model computes it (see precision.place)
     cache_dtype: torch.dtype | None = None
+    # memory budget of the sampler's shared-prefix KV cache for this base (prefix_cache.py); 0 = off
+    prefix_cache_bytes: int = 0
     peft: peft.PeftModel | None = None  # created with the first adapter, then holds all of them
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
@@ -157,14 +156,15 @@ class Registry:
             device=self.device,
             dtype=dtype,
             dtype_reason=dtype_reason,
-            context_length=int(getattr(model.config, "max_position_embeddings", 2048)),
+            context_length=context_length(model.config),
             eos_ids=eos_ids,
             pad_id=int(pad),
             vocab_size=int(model.config.vocab_size),
             num_parameters=sum(p.numel() for p in model.parameters()),
             seed=body.seed,
-            plain_head=model.config.model_type in PLAIN_HEAD_MODELS,
+            plain_head=plain_head(model.config),
             cache_dtype=cache_dtype,
+            prefix_cache_bytes=int(body.prefix_cache_mb * 2**20),
         )
         self.bases[body.name] = base
         return base

@@ -32,9 +32,18 @@ from transformers import DynamicCache
 
 from . import lora_batch
 from .errors import BadRequest, Conflict
-from .kv_cache import Running, layers_of
+from .kv_cache import KV, Running, Spans, layers_of
+from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
 from .registry import BASE_ADAPTER, Base, Registry
-from .schemas import Completion, SampleBatch, SampleRequest, SampleResponse, SampleResult, SamplingParams
+from .schemas import (
+    Completion,
+    PrefixCacheStats,
+    SampleBatch,
+    SampleRequest,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+)
 from .stops import stop_completed, text_before_stop
 from .token_choice import choose_tokens
 
@@ -86,6 +95,9 @@ class Sampler:
         self.tokens_sampled = 0
         self.decode_steps = 0  # decode steps, and the rows they computed (mean batch = rows / steps)
         self.decode_rows = 0
+        self.prefix: dict[str, PrefixCache] = {}  # base name -> its prefix cache (bases that have one)
+        self.prompt_tokens = 0  # prompt tokens admitted, and those of them prefilled (not reused)
+        self.prefill_tokens = 0
 
     # ------------------------------------------------------------------------------------------------
     # admission of a call
@@ -232,7 +244,7 @@ class Sampler:
             raise
 
     def _prefill(self, base: Base, run: Running[Row] | None, new: list[Row]) -> None:
-        # Prefill each distinct (request, prompt) once, left-padded; its n samples then share the cache.
+        # Prefill each distinct (request, prompt) once; its n samples then share the cache.
         keys: dict[tuple[int, int], int] = {}
         uniq: list[Row] = []
         which: list[int] = []
@@ -242,28 +254,21 @@ class Sampler:
                 keys[key] = len(uniq)
                 uniq.append(r)
             which.append(keys[key])
-        P = len(uniq)
-        L = max(len(r.prompt) for r in uniq)
-        ids = torch.full((P, L), base.pad_id, dtype=torch.long)
-        mask = torch.zeros((P, L), dtype=torch.long)
-        for i, r in enumerate(uniq):
-            n = len(r.prompt)
-            ids[i, L - n :] = torch.tensor(r.prompt)
-            mask[i, L - n :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # [P, L] per-row positions, pads at 0
-        dev = base.device
-        cache = DynamicCache()
-        logits = self._model_call(
-            base,
-            input_ids=ids.to(dev),
-            attention_mask=mask.to(dev),
-            position_ids=pos.to(dev),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            adapter_names=[r.adapter for r in uniq],
-        )
-        logits = logits.index_select(0, torch.tensor(which, device=dev))
+        prompts = [(r.adapter, r.prompt) for r in uniq]
+        cache = self._prefix_cache(base)
+        if cache is not None:
+            cache.prune({self._cache_key(a) for a in [BASE_ADAPTER, *self.registry.adapters]})
+            # Prefixes that several of these prompts share and the cache lacks: prefill each once
+            # first (its logits unused), so that every prompt below reuses it.
+            looked = [
+                (self._cache_key(a), p, len(cache.lookup(self._cache_key(a), p, len(p) - 1)))
+                for a, p in prompts
+            ]
+            shared = shared_in_batch(looked)
+            if shared:
+                self._prefill_prompts(base, [(key[0], toks) for key, toks in shared], cache)
+        logits, kv, spans = self._prefill_prompts(base, prompts, cache, count=True)
+        logits = logits.index_select(0, torch.tensor(which, device=base.device))
         self._take(base, new, logits)
         live = [j for j, r in enumerate(new) if r.finish is None]
         for r in new:
@@ -272,7 +277,96 @@ class Sampler:
         if live:
             if run is None:
                 run = self.running[base.name] = Running(self.max_batch, base.cache_dtype)
-            run.add([new[j] for j in live], layers_of(cache), [which[j] for j in live])
+            run.add([new[j] for j in live], kv, [which[j] for j in live], spans)
+
+    def prefix_stats(self) -> PrefixCacheStats:
+        caches = list(self.prefix.values())
+        return PrefixCacheStats(
+            hits=sum(c.hits for c in caches),
+            misses=sum(c.misses for c in caches),
+            hit_tokens=sum(c.hit_tokens for c in caches),
+            prompt_tokens=self.prompt_tokens,
+            prefill_tokens=self.prefill_tokens,
+            bytes=sum(c.bytes for c in caches),
+            budget_bytes=sum(b.prefix_cache_bytes for b in self.registry.bases.values()),
+            blocks=sum(len(c) for c in caches),
+            evictions=sum(c.evictions for c in caches),
+        )
+
+    def _prefix_cache(self, base: Base) -> PrefixCache | None:
+        if base.prefix_cache_bytes <= 0:
+            return None
+        cache = self.prefix.get(base.name)
+        if cache is None:
+            cache = self.prefix[base.name] = PrefixCache(base.prefix_cache_bytes)
+        return cache
+
+    def _cache_key(self, adapter: str) -> tuple[str, int]:
+        """Prefix-cache entries are valid for one adapter at one set of weights (prefix_cache.py)."""
+        return (adapter, 0 if adapter == BASE_ADAPTER else lora_batch.weights_epoch(adapter))
+
+    def _prefill_prompts(
+        self, base: Base, prompts: list[tuple[str, list[int]]], cache: PrefixCache | None, count: bool = False
+    ) -> tuple[torch.Tensor, KV, list[Spans]]:
+        """Prefill prompts (adapter, ids) in one left-padded pass, each reusing the longest cached
+        prefix of its adapter's (then only the rest is computed, after that prefix's keys and values).
+        Returns the last position's logits [P, V], the pass's cache (per layer [P, H, C + S, D]) and
+        the columns of each row that hold its prompt, in order; caches the prompts' whole blocks."""
+        P = len(prompts)
+        chains = [cache.lookup(self._cache_key(a), p, len(p) - 1) if cache else [] for a, p in prompts]
+        if cache is not None and count:
+            for chain in chains:
+                cache.count(chain)
+        cached = [len(chain) * BLOCK for chain in chains]
+        C = max(cached)  # columns of cached keys and values before the new tokens
+        rest = [len(p) - c for (_, p), c in zip(prompts, cached, strict=True)]
+        S = max(rest)
+        self.prefill_tokens += sum(rest)
+        self.prompt_tokens += sum(len(p) for _, p in prompts)
+        # Row i: cached prefix right-aligned in columns [C - c_i, C), its other tokens right-aligned
+        # in [C + S - s_i, C + S), padding (masked) before each. Without a hit C = 0: a plain prefill.
+        ids = torch.full((P, S), base.pad_id, dtype=torch.long)
+        mask = torch.zeros((P, C + S), dtype=torch.long)
+        pos = torch.zeros((P, S), dtype=torch.long)
+        for i, ((_, p), c, s) in enumerate(zip(prompts, cached, rest, strict=True)):
+            ids[i, S - s :] = torch.tensor(p[c:])
+            mask[i, C - c : C] = 1
+            mask[i, C + S - s :] = 1
+            pos[i, S - s :] = torch.arange(c, c + s)
+        dev = base.device
+        past = DynamicCache()
+        if C > 0:
+            like = next(chain[0] for chain in chains if chain)
+            L, H, _, D = like.k.shape
+            kp = torch.zeros((L, P, H, C, D), dtype=like.k.dtype, device=dev)  # [layers, P, H, C, D]
+            vp = torch.zeros((L, P, H, C, D), dtype=like.v.dtype, device=dev)
+            for i, (chain, c) in enumerate(zip(chains, cached, strict=True)):
+                for j, node in enumerate(chain):
+                    kp[:, i, :, C - c + j * BLOCK : C - c + (j + 1) * BLOCK] = node.k
+                    vp[:, i, :, C - c + j * BLOCK : C - c + (j + 1) * BLOCK] = node.v
+            past = DynamicCache(ddp_cache_data=[(kp[li], vp[li]) for li in range(L)])
+        logits = self._model_call(
+            base,
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            position_ids=pos.to(dev),
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,
+            adapter_names=[a for a, _ in prompts],
+        )
+        kv = layers_of(past)
+        spans = [
+            ([(C - c, C)] if c else []) + [(C + S - s, C + S)] for c, s in zip(cached, rest, strict=True)
+        ]
+        if cache is not None:
+            for i, ((a, p), chain, s) in enumerate(zip(prompts, chains, rest, strict=True)):
+                new_k = [
+                    k[i, :, C + S - s :] for k, _ in kv
+                ]  # per layer [H, s, D]: the tokens after the chain
+                new_v = [v[i, :, C + S - s :] for _, v in kv]
+                cache.insert(self._cache_key(a), p, chain, new_k, new_v)
+        return logits, kv, spans
 
     def _step(self, base: Base) -> None:
         run = self.running.get(base.name)

@@ -56,7 +56,8 @@ class BaseCreate(Strict):
     name: str = Field(min_length=1, max_length=128, description="Name the base is referred to by.")
     source: str = Field(
         description="tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, "
-        "gguf:<file>, or pkg:smollm2-135m-instruct"
+        "gguf:<file>, pkg:smollm2-135m-instruct, or pkg:gemma3-270m (the pretrained Gemma 3 270M, with a "
+        "plain User:/Assistant: transcript as its chat template)"
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
@@ -66,6 +67,15 @@ class BaseCreate(Strict):
         "decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.",
     )
     seed: int = Field(0, ge=-(2**63), lt=2**63, description="Seed for random-init (tiny:) bases.")
+    prefix_cache_mb: float = Field(
+        0,
+        ge=0,
+        description="memory budget (MiB) of the sampler's shared-prefix KV cache on this base: a prompt "
+        "that starts with the same tokens as an earlier or concurrent one of the same adapter (at the same "
+        "weights) prefills only the rest. Caches are never shared across adapters (LoRA changes every "
+        "later layer's keys and values). 0 = off, the default: reuse changes the order of floating-point "
+        "sums, so sampled log-probs match a forward pass within the parity tolerance, not bit for bit.",
+    )
 
 
 class BaseInfo(Answer):
@@ -274,6 +284,36 @@ class ForwardBackwardResponse(Answer):
     num_tokens: int
 
 
+class ForwardBackwardBatch(Strict):
+    calls: list[ForwardBackwardRequest] = Field(
+        min_length=1,
+        description="forward_backward calls answered as if made one after another: each call's "
+        "gradients accumulate into its own adapter, with its own normalisers, loss scale and stats. "
+        "Policy calls (ppo, importance_sampling, cross_entropy) on one base share micro-batches, each "
+        "row through its own adapter's LoRA; critic calls run on their own. Every call is checked "
+        "before any runs.",
+    )
+
+
+class ForwardBackwardBatchResponse(Answer):
+    results: list[ForwardBackwardResponse] = Field(description="one per call, in call order")
+    fused_passes: int = Field(description="micro-batch passes that carried rows of several calls")
+
+
+class RetokenizeRequest(Strict):
+    from_base: str
+    to_base: str
+    ids: list[list[int]] = Field(description="token sequences of from_base's tokenizer")
+
+
+class RetokenizeResponse(Answer):
+    ids: list[list[int]] = Field(
+        description="each sequence decoded by from_base's tokenizer (special tokens kept as text) and "
+        "encoded by to_base's, without added special tokens: how a critic on one base reads the turns "
+        "of agents on another"
+    )
+
+
 class OptimStepRequest(Strict):
     adapter: str
     lr: float | None = Field(None, gt=0, description="overrides the adapter's learning rate from now on")
@@ -324,6 +364,18 @@ class EndpointStats(Answer):
     seconds: float
 
 
+class PrefixCacheStats(Answer):
+    hits: int = Field(0, description="prompts that reused a cached prefix")
+    misses: int = Field(0, description="prompts (on bases with a prefix cache) that found none")
+    hit_tokens: int = Field(0, description="prompt tokens whose prefill a hit saved")
+    prompt_tokens: int = Field(0, description="prompt tokens admitted to the sampler, every base")
+    prefill_tokens: int = Field(0, description="of those, the tokens prefilled (not reused)")
+    bytes: int = Field(0, description="memory the cached keys and values hold now")
+    budget_bytes: int = Field(0, description="the sum of the bases' budgets")
+    blocks: int = Field(0, description="cached blocks (16 tokens each)")
+    evictions: int = Field(0, description="blocks evicted, least recently used first, to stay in budget")
+
+
 class Stats(Answer):
     device: str
     rss_bytes: int
@@ -336,6 +388,10 @@ class Stats(Answer):
         description="rows those steps computed: decode_rows / decode_steps is the mean decode batch"
     )
     endpoints: dict[str, EndpointStats]
+    prefix_cache: PrefixCacheStats = Field(
+        default_factory=lambda: PrefixCacheStats(),
+        description="the sampler's shared-prefix KV cache, all bases",
+    )
 
 
 class ErrorBody(Answer):

@@ -43,6 +43,8 @@ from .schemas import (
     CheckpointRequest,
     CheckpointResponse,
     ErrorBody,
+    ForwardBackwardBatch,
+    ForwardBackwardBatchResponse,
     ForwardBackwardRequest,
     ForwardBackwardResponse,
     ForwardRequest,
@@ -50,6 +52,8 @@ from .schemas import (
     Health,
     OptimStepRequest,
     OptimStepResponse,
+    RetokenizeRequest,
+    RetokenizeResponse,
     SampleBatch,
     SampleResponse,
     Stats,
@@ -298,6 +302,14 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
     @app.post("/v1/forward_backward", response_model=ForwardBackwardResponse)
     async def forward_backward(body: ForwardBackwardRequest) -> ForwardBackwardResponse:
         return await run(need().forward_backward, body)
+
+    @app.post("/v1/forward_backward_batch", response_model=ForwardBackwardBatchResponse)
+    async def forward_backward_batch(body: ForwardBackwardBatch) -> ForwardBackwardBatchResponse:
+        return await run(need().forward_backward_batch, body)
+
+    @app.post("/v1/retokenize", response_model=RetokenizeResponse)
+    async def retokenize(body: RetokenizeRequest) -> RetokenizeResponse:
+        return await run(need().retokenize, body)
 
     @app.post("/v1/optim_step", response_model=OptimStepResponse)
     async def optim_step(body: OptimStepRequest) -> OptimStepResponse:

@@ -134,23 +134,27 @@ def inputs(base: Base, data: list[Datum], idx: list[int]) -> tuple[torch.Tensor,
 
 
 def token_scores(
-    base: Base, ids: torch.Tensor, mask: torch.Tensor, w: torch.Tensor, temperature: float
+    base: Base, ids: torch.Tensor, mask: torch.Tensor, w: torch.Tensor, temperature: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) [B, T] as losses.logprobs_and_entropies, but only where the weight w [B, T]
     is positive; zero elsewhere. Why: the LM head and its softmax are a vocabulary-wide (49k for
     SmolLM2) matmul and fp32 pass per position, and a policy's loss needs only the action tokens,
     not the prompt's, which are most of a sequence. Other model families (logit scaling or
-    soft-capping in their forward) take the full-logits path."""
+    soft-capping in their forward) take the full-logits path. temperature: one, or one per row [B]
+    (a pass over several calls, training_batch.py)."""
+    per_row = isinstance(temperature, torch.Tensor)
     if not base.plain_head:
         with base.autocast():
             logits = base.hf(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
-        return losses.logprobs_and_entropies(logits, ids, temperature)
+        t = temperature[:, None, None] if per_row else temperature  # type: ignore[index]
+        return losses.logprobs_and_entropies(logits, ids, t)  # type: ignore[arg-type]
     sel = w > 0  # [B, T]
     sel[:, 0] = False  # position 0 predicts nothing
     with base.autocast():
         hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
         logits = base.hf.lm_head(hidden[:, :-1][sel[:, 1:]])  # [N, V]: the state before each token
-    logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], temperature)  # [N], [N]
+    t = temperature[:, None].expand(sel.shape)[sel][:, None] if per_row else temperature  # type: ignore[index]
+    logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], t)  # type: ignore[arg-type]  # [N], [N]
     return losses.scatter_selected(logp, sel), losses.scatter_selected(ent, sel)
 
 
@@ -342,53 +346,91 @@ LOSSES: dict[str, Loss] = {
 }
 
 
-def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
-    adapter = registry.get_adapter(body.adapter)
-    base = adapter.base
+@dataclass
+class Call:
+    """A checked forward_backward call and its call-level normalisers."""
+
+    body: ForwardBackwardRequest
+    adapter: Adapter
+    loss: Loss
+    total_w: float  # the call's total weight
+    norm: float  # the loss's normaliser (see losses.aggregate)
+    tokens: float  # positions with a positive weight
+
+    @property
+    def base(self) -> Base:
+        return self.adapter.base
+
+
+def prepare(registry: Registry, body: ForwardBackwardRequest, field_prefix: str = "") -> Call:
+    adapter = registry.get_adapter(body.adapter, f"{field_prefix}adapter")
     loss = LOSSES[body.loss]
     if adapter.kind != loss.trains:
         raise BadRequest(
-            f"loss: {body.loss!r} needs a {loss.trains} adapter; {adapter.name!r} is a {adapter.kind}"
+            f"{field_prefix}loss: {body.loss!r} needs a {loss.trains} adapter; {adapter.name!r} is a {adapter.kind}"
         )
     data = body.data
-    validate_data(base, data, loss.fields(body))
-
+    try:
+        validate_data(adapter.base, data, loss.fields(body))
+    except BadRequest as e:
+        raise BadRequest(f"{field_prefix}{e}") from e
     # Normalisers over the whole call, so micro-batch gradients sum to the full-batch gradient.
     all_w = [(d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data]
     total_w = float(sum(sum(w) for w in all_w))
     if total_w <= 0:
-        raise BadRequest("data[*].weights: no token has a positive weight")
-    agg = body.ppo.aggregation
-    norm = total_w if agg == "token-mean" else float(len(data))
+        raise BadRequest(f"{field_prefix}data[*].weights: no token has a positive weight")
+    norm = total_w if body.ppo.aggregation == "token-mean" else float(len(data))
+    tokens = float(sum(sum(1 for x in ws if x > 0) for ws in all_w))
+    return Call(body, adapter, loss, total_w, norm, tokens)
+
+
+def check_finite(call: Call, part: torch.Tensor, adapters: list[Adapter]) -> None:
+    """Finite inputs can still drive a loss out of range: refuse it before its backward pass, so no
+    adapter's weights become NaN (the gradients accumulated so far are dropped too)."""
+    if torch.isfinite(part):
+        return
+    for a in adapters:
+        drop_gradients(a)
+    raise BadRequest(
+        f"data: the {call.body.loss} loss is {float(part.detach())} (the values drive it out of range); "
+        f"adapter {call.adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
+    )
+
+
+def finish(call: Call, st: CallStats, total_loss: float, passes: int) -> ForwardBackwardResponse:
+    stats = {k: v / call.total_w for k, v in st.sums.items()}
+    if call.loss.summary is not None:
+        call.loss.summary(stats)
+    if bad := [k for k, v in stats.items() if not math.isfinite(v)]:
+        drop_gradients(call.adapter)
+        raise BadRequest(
+            f"data: the statistic {bad[0]} is {stats[bad[0]]} (the values drive it out of range); "
+            f"adapter {call.adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
+        )
+    stats["tokens"] = call.tokens
+    stats["weight_sum"] = call.total_w
+    stats["micro_batches"] = float(passes)
+    tokens = int(sum(len(d.tokens) for d in call.body.data))
+    return ForwardBackwardResponse(
+        loss=total_loss, stats=stats, num_data=len(call.body.data), num_tokens=tokens
+    )
+
+
+def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
+    call = prepare(registry, body)
+    base, data = call.base, body.data
     st = CallStats()
     total_loss = 0.0
-    groups = micro_batches(data, body.micro_batch_tokens, base, critic=loss.trains == "critic")
+    groups = micro_batches(data, body.micro_batch_tokens, base, critic=call.loss.trains == "critic")
     for idx in groups:
         ids, mask = inputs(base, data, idx)
         w = pad(base, data, idx, "weights")  # [B, T]
-        part = loss.micro_batch(MicroBatch(base, adapter, data, idx, ids, mask, w, agg, norm), body, st)
-        if not torch.isfinite(part):
-            _drop_gradients(adapter)
-            raise BadRequest(
-                f"data: the {body.loss} loss is {float(part.detach())} (the values drive it out of range); "
-                f"adapter {adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
-            )
+        mb = MicroBatch(base, call.adapter, data, idx, ids, mask, w, body.ppo.aggregation, call.norm)
+        part = call.loss.micro_batch(mb, body, st)
+        check_finite(call, part, [call.adapter])
         (part * body.loss_scale).backward()
         total_loss += float(part.detach())
-    stats = {k: v / total_w for k, v in st.sums.items()}
-    if loss.summary is not None:
-        loss.summary(stats)
-    if bad := [k for k, v in stats.items() if not math.isfinite(v)]:
-        _drop_gradients(adapter)
-        raise BadRequest(
-            f"data: the statistic {bad[0]} is {stats[bad[0]]} (the values drive it out of range); "
-            f"adapter {adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
-        )
-    stats["tokens"] = float(sum(sum(1 for x in ws if x > 0) for ws in all_w))
-    stats["weight_sum"] = total_w
-    stats["micro_batches"] = float(len(groups))
-    tokens = int(sum(len(d.tokens) for d in data))
-    return ForwardBackwardResponse(loss=total_loss, stats=stats, num_data=len(data), num_tokens=tokens)
+    return finish(call, st, total_loss, len(groups))
 
 
 def optim_step(registry: Registry, body: OptimStepRequest) -> OptimStepResponse:
@@ -404,7 +446,7 @@ def optim_step(registry: Registry, body: OptimStepRequest) -> OptimStepResponse:
     else:
         norm = 0.0
     if not math.isfinite(norm):  # a step would make every weight NaN
-        _drop_gradients(adapter)
+        drop_gradients(adapter)
         raise BadRequest(
             f"adapter: {adapter.name!r}'s gradient norm is {norm}; the step was skipped and the "
             "gradients dropped, its weights are unchanged"
@@ -412,10 +454,10 @@ def optim_step(registry: Registry, body: OptimStepRequest) -> OptimStepResponse:
     adapter.optimizer.step()
     adapter.optimizer.zero_grad(set_to_none=True)
     adapter.version += 1
-    lora_batch.bump()
+    lora_batch.bump(adapter.name)
     return OptimStepResponse(adapter=adapter.name, version=adapter.version, grad_norm=norm, lr=adapter.lr)
 
 
-def _drop_gradients(adapter: Adapter) -> None:
+def drop_gradients(adapter: Adapter) -> None:
     for p in adapter.params:
         p.grad = None

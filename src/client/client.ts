@@ -161,6 +161,26 @@ export class EngineClient implements ComputeEngine {
     return this.call("post", "/v1/forward_backward", body, false, o, answers.ForwardBackwardResponse);
   }
 
+  /** Accumulates gradients: never re-sent once it may have reached the engine. */
+  forwardBackwardBatch(
+    body: Schemas["ForwardBackwardBatch"],
+    o?: CallOptions,
+  ): Promise<Schemas["ForwardBackwardBatchResponse"]> {
+    return this.call(
+      "post",
+      "/v1/forward_backward_batch",
+      body,
+      false,
+      o,
+      answers.ForwardBackwardBatchResponse,
+    );
+  }
+
+  /** Changes nothing: safe to re-send. */
+  retokenize(body: Schemas["RetokenizeRequest"], o?: CallOptions): Promise<Schemas["RetokenizeResponse"]> {
+    return this.call("post", "/v1/retokenize", body, true, o, answers.RetokenizeResponse);
+  }
+
   optimStep(body: Schemas["OptimStepRequest"], o?: CallOptions): Promise<Schemas["OptimStepResponse"]> {
     return this.call("post", "/v1/optim_step", body, false, o, answers.OptimStepResponse);
   }

@@ -27,6 +27,13 @@ export interface ComputeEngine {
     body: Schemas["ForwardBackwardRequest"],
     o?: CallOptions,
   ): Promise<Schemas["ForwardBackwardResponse"]>;
+  /** Several forward_backward calls, answered as if made one after another; policy calls of one base share passes. */
+  forwardBackwardBatch(
+    body: Schemas["ForwardBackwardBatch"],
+    o?: CallOptions,
+  ): Promise<Schemas["ForwardBackwardBatchResponse"]>;
+  /** Token sequences of one base's tokenizer as another base's tokenizer reads their text. */
+  retokenize(body: Schemas["RetokenizeRequest"], o?: CallOptions): Promise<Schemas["RetokenizeResponse"]>;
   optimStep(body: Schemas["OptimStepRequest"], o?: CallOptions): Promise<Schemas["OptimStepResponse"]>;
   saveCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]>;
   loadCheckpoint(body: Schemas["CheckpointRequest"], o?: CallOptions): Promise<Schemas["CheckpointResponse"]>;

@@ -125,6 +125,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/forward_backward_batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Forward Backward Batch */
+        post: operations["forward_backward_batch_v1_forward_backward_batch_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -153,6 +170,23 @@ export interface paths {
         put?: never;
         /** Optim Step */
         post: operations["optim_step_v1_optim_step_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/retokenize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Retokenize */
+        post: operations["retokenize_v1_retokenize_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -267,6 +301,12 @@ export interface components {
              */
             name: string;
             /**
+             * Prefix Cache Mb
+             * @description memory budget (MiB) of the sampler's shared-prefix KV cache on this base: a prompt that starts with the same tokens as an earlier or concurrent one of the same adapter (at the same weights) prefills only the rest. Caches are never shared across adapters (LoRA changes every later layer's keys and values). 0 = off, the default: reuse changes the order of floating-point sums, so sampled log-probs match a forward pass within the parity tolerance, not bit for bit.
+             * @default 0
+             */
+            prefix_cache_mb?: number;
+            /**
              * Seed
              * @description Seed for random-init (tiny:) bases.
              * @default 0
@@ -274,7 +314,7 @@ export interface components {
             seed?: number;
             /**
              * Source
-             * @description tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, gguf:<file>, or pkg:smollm2-135m-instruct
+             * @description tiny:<preset> (random init from a config; presets: llama, qwen2), hf:<local dir>, gguf:<file>, pkg:smollm2-135m-instruct, or pkg:gemma3-270m (the pretrained Gemma 3 270M, with a plain User:/Assistant: transcript as its chat template)
              */
             source: string;
         };
@@ -401,6 +441,27 @@ export interface components {
              * @description what was wrong, naming the field
              */
             message: string;
+        };
+        /** ForwardBackwardBatch */
+        ForwardBackwardBatch: {
+            /**
+             * Calls
+             * @description forward_backward calls answered as if made one after another: each call's gradients accumulate into its own adapter, with its own normalisers, loss scale and stats. Policy calls (ppo, importance_sampling, cross_entropy) on one base share micro-batches, each row through its own adapter's LoRA; critic calls run on their own. Every call is checked before any runs.
+             */
+            calls: components["schemas"]["ForwardBackwardRequest"][];
+        };
+        /** ForwardBackwardBatchResponse */
+        ForwardBackwardBatchResponse: {
+            /**
+             * Fused Passes
+             * @description micro-batch passes that carried rows of several calls
+             */
+            fused_passes: number;
+            /**
+             * Results
+             * @description one per call, in call order
+             */
+            results: components["schemas"]["ForwardBackwardResponse"][];
         };
         /** ForwardBackwardRequest */
         ForwardBackwardRequest: {
@@ -643,6 +704,63 @@ export interface components {
              */
             sequence_logprob?: "sum" | "mean";
         };
+        /** PrefixCacheStats */
+        PrefixCacheStats: {
+            /**
+             * Blocks
+             * @description cached blocks (16 tokens each)
+             * @default 0
+             */
+            blocks?: number;
+            /**
+             * Budget Bytes
+             * @description the sum of the bases' budgets
+             * @default 0
+             */
+            budget_bytes?: number;
+            /**
+             * Bytes
+             * @description memory the cached keys and values hold now
+             * @default 0
+             */
+            bytes?: number;
+            /**
+             * Evictions
+             * @description blocks evicted, least recently used first, to stay in budget
+             * @default 0
+             */
+            evictions?: number;
+            /**
+             * Hit Tokens
+             * @description prompt tokens whose prefill a hit saved
+             * @default 0
+             */
+            hit_tokens?: number;
+            /**
+             * Hits
+             * @description prompts that reused a cached prefix
+             * @default 0
+             */
+            hits?: number;
+            /**
+             * Misses
+             * @description prompts (on bases with a prefix cache) that found none
+             * @default 0
+             */
+            misses?: number;
+            /**
+             * Prefill Tokens
+             * @description of those, the tokens prefilled (not reused)
+             * @default 0
+             */
+            prefill_tokens?: number;
+            /**
+             * Prompt Tokens
+             * @description prompt tokens admitted to the sampler, every base
+             * @default 0
+             */
+            prompt_tokens?: number;
+        };
         /**
          * Progress
          * @description What a client watches while a long call runs: it is making progress while either moves.
@@ -658,6 +776,26 @@ export interface components {
              * @description CPU time the compute thread has used
              */
             compute_cpu_seconds: number;
+        };
+        /** RetokenizeRequest */
+        RetokenizeRequest: {
+            /** From Base */
+            from_base: string;
+            /**
+             * Ids
+             * @description token sequences of from_base's tokenizer
+             */
+            ids: number[][];
+            /** To Base */
+            to_base: string;
+        };
+        /** RetokenizeResponse */
+        RetokenizeResponse: {
+            /**
+             * Ids
+             * @description each sequence decoded by from_base's tokenizer (special tokens kept as text) and encoded by to_base's, without added special tokens: how a critic on one base reads the turns of agents on another
+             */
+            ids: number[][];
         };
         /** SampleBatch */
         SampleBatch: {
@@ -785,6 +923,8 @@ export interface components {
             endpoints: {
                 [key: string]: components["schemas"]["EndpointStats"];
             };
+            /** @description the sampler's shared-prefix KV cache, all bases */
+            prefix_cache?: components["schemas"]["PrefixCacheStats"];
             /** Rss Bytes */
             rss_bytes: number;
             /** Tokens Sampled */
@@ -1675,6 +1815,102 @@ export interface operations {
             };
         };
     };
+    forward_backward_batch_v1_forward_backward_batch_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForwardBackwardBatch"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForwardBackwardBatchResponse"];
+                };
+            };
+            /** @description Bad request (names the field) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown base or adapter */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Name already taken */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Validation error (names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error; the engine keeps serving */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     health_v1_health_get: {
         parameters: {
             query?: never;
@@ -1787,6 +2023,102 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["OptimStepResponse"];
+                };
+            };
+            /** @description Bad request (names the field) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A path outside the engine's checkpoint root */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unknown base or adapter */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Name already taken */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Validation error (names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error; the engine keeps serving */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    retokenize_v1_retokenize_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RetokenizeRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RetokenizeResponse"];
                 };
             };
             /** @description Bad request (names the field) */

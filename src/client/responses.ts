@@ -46,6 +46,15 @@ export const ForwardBackwardResponse = z.object({
   num_tokens: int(),
 }) satisfies z.ZodType<Schemas["ForwardBackwardResponse"]>;
 
+export const ForwardBackwardBatchResponse = z.object({
+  results: z.array(ForwardBackwardResponse),
+  fused_passes: int(),
+}) satisfies z.ZodType<Schemas["ForwardBackwardBatchResponse"]>;
+
+export const RetokenizeResponse = z.object({
+  ids: z.array(z.array(int())),
+}) satisfies z.ZodType<Schemas["RetokenizeResponse"]>;
+
 export const OptimStepResponse = z.object({
   adapter: z.string(),
   version: int(),

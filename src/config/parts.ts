@@ -39,6 +39,13 @@ export const Base = z
         "auto: bf16 on a GPU, and on a CPU only where it has native bf16 (AVX512_BF16 or AMX), else float32; bfloat16: bf16 on either; float32: exact sample/forward parity (the tests' choice)",
       ),
     seed: nonNegInt().default(0).describe("seed of a random-init (tiny:) base"),
+    prefixCacheMb: z
+      .number({ error: "expected a number of MiB" })
+      .nonnegative({ error: "expected a number of MiB >= 0" })
+      .default(0)
+      .describe(
+        "memory (MiB) for the engine's shared-prefix KV cache on this base: prompts that start like an earlier one of the same adapter (system prompt, header, few-shot examples) prefill only the rest; 0: off (reuse changes fp32 rounding, so sampled log-probs match a forward pass within tolerance, not bit for bit)",
+      ),
   })
   .describe("a base model that agents (and the critic) put their LoRA adapters on");
 

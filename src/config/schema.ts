@@ -165,6 +165,12 @@ const Train = z
       .boolean({ error: "expected true or false" })
       .default(false)
       .describe("accept turns sampled by an older adapter version"),
+    batchAdapters: z
+      .boolean({ error: "expected true or false" })
+      .default(false)
+      .describe(
+        "agents that update in the same iteration share engine passes: each minibatch of all of them is one forward_backward_batch (each row through its own adapter), then one optimizer step per adapter; faster with several agents, and off by default because the shared pass rounds differently (metrics move in the last digits)",
+      ),
     evalEvery: nonNegInt().default(0).describe("evaluate every N iterations (0: only at the end)"),
     evalAtStart: z
       .boolean({ error: "expected true or false" })
@@ -369,6 +375,17 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
         message: `unknown base "${c.critic.base}" (bases: ${baseNames.join(", ") || "none"})`,
         input: c.critic.base,
       });
+    else if (c.algo.estimator === "marft-t") {
+      // token-level values need the agents' tokens: a critic reads other bases' turns re-tokenized
+      const other = c.agents.findIndex((a) => a.base !== c.critic!.base);
+      if (other >= 0)
+        ctx.addIssue({
+          code: "custom",
+          path: ["agents", other, "base"],
+          message: `marft-t needs every agent on the critic's base "${c.critic.base}" (token-level values); marft-a takes agents on other bases`,
+          input: c.agents[other]!.base,
+        });
+    }
   }
   checkTrainingFlow(c, ctx, knownIds);
   if (c.algo.estimator === "critic-free" && c.train.samplesPerTask < 2)

@@ -81,8 +81,11 @@ export function policyMetrics(agent: string, u: PolicyUpdate, klCoef: number): M
 export function valueMetrics(credit: Credit, criticLoss: readonly number[]): MetricsRow {
   const values = credit.values.flat();
   const returns = credit.returns.flat();
+  // undefined when every return is the same (e.g. no episode rewarded): left out, since a metrics
+  // row holds numbers only (JSON writes NaN as null)
+  const ev = explainedVariance(values, returns);
   return {
-    "value/explained_variance": explainedVariance(values, returns),
+    ...(Number.isFinite(ev) ? { "value/explained_variance": ev } : {}),
     "value/mean": mean(values),
     "value/return_mean": mean(returns),
     "loss/value": mean(criticLoss),

@@ -10,7 +10,13 @@ export async function setupEngine(client: ComputeEngine, c: RunConfig): Promise<
   const existing = new Set((await client.listBases()).bases.map((b) => b.name));
   for (const [name, b] of Object.entries(c.bases)) {
     if (existing.has(name)) continue;
-    await client.createBase({ name, source: b.source, dtype: b.dtype, seed: b.seed });
+    await client.createBase({
+      name,
+      source: b.source,
+      dtype: b.dtype,
+      seed: b.seed,
+      ...(b.prefixCacheMb > 0 ? { prefix_cache_mb: b.prefixCacheMb } : {}),
+    });
   }
   const adapters = new Set((await client.listAdapters()).adapters.map((a) => a.name));
   for (const [i, a] of adapterOwners(c).entries()) {

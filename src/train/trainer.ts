@@ -23,11 +23,19 @@ import * as metrics from "./metrics.ts";
 import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
 import { correctReplayed, ReplayBuffer, replayAdapterMetrics } from "./replay.ts";
 import type { TrainerState } from "./rundir.ts";
+import { criticView, valuesInAgentLayout } from "./critic-view.ts";
 import { updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
-import type { TrainedBatch } from "./transcripts.ts";
 import { TaskSource } from "./task-source.ts";
-import { criticValues, type PolicyItem, recomputeLogprobs, updateCritic, updatePolicy } from "./update.ts";
+import type { TrainedBatch } from "./transcripts.ts";
+import {
+  criticValues,
+  type PolicyItem,
+  recomputeLogprobs,
+  updateCritic,
+  updatePolicies,
+  updatePolicy,
+} from "./update.ts";
 
 export interface TrainerOptions {
   /** Where to continue from (a checkpoint's trainer state); default: iteration 0. */
@@ -101,23 +109,34 @@ export class Trainer {
     const agents = steps.map((s) => s.turn.agent);
 
     // 3. credit: the critic's values, then GAE or group baselines, then per-agent normalisation
-    const values = usesCritic(c) ? await phases.run("values", () => criticValues(this.engine, steps)) : null;
+    const seen = usesCritic(c) ? await criticView(this.engine, steps, c) : steps; // other bases re-tokenized
+    const values = usesCritic(c)
+      ? await phases.run("values", async () =>
+          (await criticValues(this.engine, seen)).map((v, i) => valuesInAgentLayout(steps[i]!, seen[i]!, v)),
+        )
+      : null;
     const raw = ESTIMATORS[c.algo.estimator](creditBatch(steps, episodes, values), c.algo);
     this.checkZero(raw, agents);
     const advantages = normalizeAdvantages(raw, agents, c.algo);
 
     // 4. PPO on each adapter the schedule updates (with replayed actions under experience replay)
     const policy: MetricsRow = {};
-    for (const adapter of updatingAdapters(c, it)) {
-      const mine = this.itemsOf(adapter, steps, advantages);
-      const update = () => this.updatePolicy(adapter, mine);
-      if (mine.length > 0) Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
-    }
+    const todo = updatingAdapters(c, it)
+      .map((adapter) => ({ adapter, items: this.itemsOf(adapter, steps, advantages) }))
+      .filter((w) => w.items.length > 0);
+    if (c.train.batchAdapters && todo.length > 1) {
+      const label = `policy/${todo.map((w) => w.adapter).join("+")}`;
+      Object.assign(policy, await phases.run("policy", () => this.updatePolicies(todo), label));
+    } else
+      for (const { adapter, items } of todo) {
+        const update = () => this.updatePolicy(adapter, items);
+        Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
+      }
     const replay = this.replay ? this.remember(steps, advantages) : {};
 
     // 5. the critic towards the returns
     const critic = usesCritic(c)
-      ? await phases.run("critic", () => updateCritic(this.engine, steps, raw, c, this.rng))
+      ? await phases.run("critic", () => updateCritic(this.engine, seen, raw, c, this.rng))
       : null;
     if (critic) this.versions[CRITIC_ADAPTER] = critic.version;
 
@@ -194,27 +213,49 @@ export class Trainer {
 
   /** PPO for one adapter, its old log-probs first recomputed where the base computes in bf16. */
   private async updatePolicy(adapter: string, items: PolicyItem[]): Promise<MetricsRow> {
+    const row: MetricsRow = {};
+    items = await this.prepare(adapter, items, row);
+    const u = await updatePolicy(this.engine, adapter, items, this.config.ppo, this.rng);
+    this.versions[adapter] = u.version;
+    return { ...row, ...metrics.policyMetrics(adapter, u, this.config.ppo.klCoef) };
+  }
+
+  /** PPO for several adapters in shared engine passes (`train.batchAdapters`). */
+  private async updatePolicies(todo: { adapter: string; items: PolicyItem[] }[]): Promise<MetricsRow> {
+    const row: MetricsRow = {};
+    const work = [];
+    for (const { adapter, items } of todo)
+      work.push({ adapter, items: await this.prepare(adapter, items, row) });
+    const us = await updatePolicies(this.engine, work, this.config.ppo, this.rng);
+    work.forEach(({ adapter }, k) => {
+      this.versions[adapter] = us[k]!.version;
+      Object.assign(row, metrics.policyMetrics(adapter, us[k]!, this.config.ppo.klCoef));
+    });
+    return row;
+  }
+
+  /** An adapter's update batch: old log-probs as PPO needs them, then replayed actions (if on). */
+  private async prepare(adapter: string, items: PolicyItem[], row: MetricsRow): Promise<PolicyItem[]> {
+    const fresh = await this.oldLogprobs(adapter, items, row);
+    if (!this.replay) return fresh;
+    const replayed = await this.replayed(adapter, fresh.length);
+    Object.assign(row, replayed.row);
+    return [...fresh, ...replayed.items];
+  }
+
+  /** The items with PPO's old log-probs recomputed by a forward pass where the base computes in bf16. */
+  private async oldLogprobs(adapter: string, items: PolicyItem[], row: MetricsRow): Promise<PolicyItem[]> {
     const c = this.config;
     const owner = c.agents.find((a) => a.id === adapter)!;
     const r = c.ppo.recomputeLogprobs;
-    const row: MetricsRow = {};
-    if (r === "auto" ? this.bf16Bases.has(owner.base) : r) {
-      const re = await recomputeLogprobs(
-        this.engine,
-        adapter,
-        items.map((x) => x.step),
-      );
-      row[`logprob_mismatch/${adapter}`] = re.mismatch;
-      items = items.map((x, i) => ({ ...x, oldLogprobs: re.oldLogprobs[i]! }));
-    }
-    if (this.replay) {
-      const replayed = await this.replayed(adapter, items.length);
-      items = [...items, ...replayed.items];
-      Object.assign(row, replayed.row);
-    }
-    const u = await updatePolicy(this.engine, adapter, items, c.ppo, this.rng);
-    this.versions[adapter] = u.version;
-    return { ...row, ...metrics.policyMetrics(adapter, u, c.ppo.klCoef) };
+    if (!(r === "auto" ? this.bf16Bases.has(owner.base) : r)) return items;
+    const re = await recomputeLogprobs(
+      this.engine,
+      adapter,
+      items.map((x) => x.step),
+    );
+    row[`logprob_mismatch/${adapter}`] = re.mismatch;
+    return items.map((x, i) => ({ ...x, oldLogprobs: re.oldLogprobs[i]! }));
   }
 
   /** Experience replay: `reuse` replayed actions of `adapter` per fresh one, IS-corrected. */

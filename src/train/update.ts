@@ -2,7 +2,7 @@
 // recomputed, the PPO update of one adapter, and the critic update. Each returns what it measured;
 // the metrics are made from that afterwards (metrics.ts).
 import type { Credit } from "../algo/index.ts";
-import type { ComputeEngine } from "../client/compute.ts";
+import type { ComputeEngine, Schemas } from "../client/compute.ts";
 import { CRITIC_ADAPTER, type RunConfig } from "../config/schema.ts";
 import type { Rng } from "../rng.ts";
 import { criticTokens, policyDatum, type Step, valueDatum } from "./steps.ts";
@@ -100,6 +100,85 @@ export interface PolicyUpdate {
   version: number;
 }
 
+/** A fresh record of one adapter's PPO update. */
+function newUpdate(): PolicyUpdate {
+  return {
+    loss: [],
+    clipfrac: [],
+    approxKl: [],
+    entropy: [],
+    klRef: [],
+    gradNorm: [],
+    earlyStop: false,
+    version: -1,
+  };
+}
+
+/** One minibatch's forward_backward calls for `adapter` and their shares of its action tokens. */
+interface MinibatchCall {
+  body: Schemas["ForwardBackwardRequest"];
+  share: number;
+}
+
+/**
+ * The forward_backward calls of one adapter's minibatch: one per sampling temperature (agents sharing
+ * an adapter may differ), each weighted by its share of the minibatch's action tokens: together one
+ * token-mean loss.
+ */
+function minibatchCalls(adapter: string, mb: readonly PolicyItem[], ppo: RunConfig["ppo"]): MinibatchCall[] {
+  const total = mb.reduce((n, x) => n + x.step.turn.responseIds.length, 0);
+  return [...byTemperature(mb)].map(([temperature, group]) => {
+    const share = group.reduce((n, x) => n + x.step.turn.responseIds.length, 0) / total;
+    return {
+      share,
+      body: {
+        adapter,
+        loss: "ppo",
+        data: group.map((x) => policyDatum(x.step, x.advantages, x.oldLogprobs)),
+        temperature,
+        loss_scale: share,
+        ppo: {
+          clip_low: ppo.clipLow,
+          clip_high: ppo.clipHigh,
+          entropy_coef: ppo.entropyCoef,
+          kl_coef: ppo.klCoef,
+          kl_estimator: ppo.klEstimator,
+          ratio: ppo.ratio,
+          sequence_logprob: ppo.sequenceLogprob,
+          aggregation: "token-mean",
+        },
+      },
+    };
+  });
+}
+
+/** Folds one minibatch's answers and its optimizer step into `u`; sets the target-KL stop. */
+function record(
+  u: PolicyUpdate,
+  calls: readonly MinibatchCall[],
+  answers: readonly Schemas["ForwardBackwardResponse"][],
+  step: Schemas["OptimStepResponse"],
+  ppo: RunConfig["ppo"],
+): void {
+  const stats: Record<string, number> = {};
+  calls.forEach(({ share }, i) => {
+    const r = answers[i]!;
+    stats["loss"] = (stats["loss"] ?? 0) + share * r.loss;
+    for (const k of ["clipfrac", "approx_kl", "entropy", "kl_ref"]) {
+      const v = r.stats[k];
+      if (typeof v === "number") stats[k] = (stats[k] ?? 0) + share * v;
+    }
+  });
+  u.version = step.version;
+  u.loss.push(stats["loss"]!);
+  if (stats["clipfrac"] !== undefined) u.clipfrac.push(stats["clipfrac"]);
+  if (stats["approx_kl"] !== undefined) u.approxKl.push(stats["approx_kl"]);
+  if (stats["entropy"] !== undefined) u.entropy.push(stats["entropy"]);
+  if (stats["kl_ref"] !== undefined) u.klRef.push(stats["kl_ref"]);
+  u.gradNorm.push(step.grad_norm);
+  if (ppo.targetKl !== null && (stats["approx_kl"] ?? 0) > ppo.targetKl) u.earlyStop = true;
+}
+
 /**
  * PPO for one adapter: `ppo.epochs` passes over its items in a shuffled order, `ppo.minibatches`
  * optimizer steps per pass, and the per-adapter target-KL stop (the minibatch that crosses the limit
@@ -112,62 +191,54 @@ export async function updatePolicy(
   ppo: RunConfig["ppo"],
   rng: Rng,
 ): Promise<PolicyUpdate> {
-  const u: PolicyUpdate = {
-    loss: [],
-    clipfrac: [],
-    approxKl: [],
-    entropy: [],
-    klRef: [],
-    gradNorm: [],
-    earlyStop: false,
-    version: -1,
-  };
+  const u = newUpdate();
   for (let epoch = 0; epoch < ppo.epochs && !u.earlyStop; epoch++) {
     for (const mb of chunks(rng.shuffle(items), ppo.minibatches)) {
-      // One forward_backward per sampling temperature (agents sharing an adapter may differ), each
-      // weighted by its share of the minibatch's action tokens: together one token-mean loss.
-      const total = mb.reduce((n, x) => n + x.step.turn.responseIds.length, 0);
-      const stats: Record<string, number> = {};
-      for (const [temperature, group] of byTemperature(mb)) {
-        const share = group.reduce((n, x) => n + x.step.turn.responseIds.length, 0) / total;
-        const r = await engine.forwardBackward({
-          adapter,
-          loss: "ppo",
-          data: group.map((x) => policyDatum(x.step, x.advantages, x.oldLogprobs)),
-          temperature,
-          loss_scale: share,
-          ppo: {
-            clip_low: ppo.clipLow,
-            clip_high: ppo.clipHigh,
-            entropy_coef: ppo.entropyCoef,
-            kl_coef: ppo.klCoef,
-            kl_estimator: ppo.klEstimator,
-            ratio: ppo.ratio,
-            sequence_logprob: ppo.sequenceLogprob,
-            aggregation: "token-mean",
-          },
-        });
-        stats["loss"] = (stats["loss"] ?? 0) + share * r.loss;
-        for (const k of ["clipfrac", "approx_kl", "entropy", "kl_ref"]) {
-          const v = r.stats[k];
-          if (typeof v === "number") stats[k] = (stats[k] ?? 0) + share * v;
-        }
-      }
+      const calls = minibatchCalls(adapter, mb, ppo);
+      const answers = [];
+      for (const { body } of calls) answers.push(await engine.forwardBackward(body));
       const step = await engine.optimStep({ adapter, max_grad_norm: ppo.maxGradNorm });
-      u.version = step.version;
-      u.loss.push(stats["loss"]!);
-      if (stats["clipfrac"] !== undefined) u.clipfrac.push(stats["clipfrac"]);
-      if (stats["approx_kl"] !== undefined) u.approxKl.push(stats["approx_kl"]);
-      if (stats["entropy"] !== undefined) u.entropy.push(stats["entropy"]);
-      if (stats["kl_ref"] !== undefined) u.klRef.push(stats["kl_ref"]);
-      u.gradNorm.push(step.grad_norm);
-      if (ppo.targetKl !== null && (stats["approx_kl"] ?? 0) > ppo.targetKl) {
-        u.earlyStop = true;
-        break;
-      }
+      record(u, calls, answers, step, ppo);
+      if (u.earlyStop) break;
     }
   }
   return u;
+}
+
+/**
+ * PPO for several adapters at once (`train.batchAdapters`): the same epochs, minibatches, steps and
+ * per-adapter target-KL stops as `updatePolicy` for each, but the k-th minibatch of every adapter
+ * still updating goes to the engine in one `forward_backward_batch` (one pass over all their rows),
+ * followed by each adapter's own optimizer step (its own clipping). Each epoch shuffles the adapters'
+ * items in the order given; with one epoch the PRNG is drawn exactly as by one adapter after another.
+ */
+export async function updatePolicies(
+  engine: ComputeEngine,
+  work: readonly { adapter: string; items: readonly PolicyItem[] }[],
+  ppo: RunConfig["ppo"],
+  rng: Rng,
+): Promise<PolicyUpdate[]> {
+  const us = work.map(() => newUpdate());
+  for (let epoch = 0; epoch < ppo.epochs; epoch++) {
+    const live = work.flatMap((_, k) => (us[k]!.earlyStop ? [] : [k]));
+    if (live.length === 0) break;
+    const mbs = new Map(live.map((k) => [k, chunks(rng.shuffle(work[k]!.items), ppo.minibatches)]));
+    const rounds = Math.max(...live.map((k) => mbs.get(k)!.length));
+    for (let j = 0; j < rounds; j++) {
+      const now = live.filter((k) => !us[k]!.earlyStop && j < mbs.get(k)!.length);
+      if (now.length === 0) break;
+      const calls = now.map((k) => minibatchCalls(work[k]!.adapter, mbs.get(k)![j]!, ppo));
+      const res = await engine.forwardBackwardBatch({ calls: calls.flat().map((c) => c.body) });
+      let at = 0;
+      for (const [n, k] of now.entries()) {
+        const answers = res.results.slice(at, at + calls[n]!.length);
+        at += calls[n]!.length;
+        const step = await engine.optimStep({ adapter: work[k]!.adapter, max_grad_norm: ppo.maxGradNorm });
+        record(us[k]!, calls[n]!, answers, step, ppo);
+      }
+    }
+  }
+  return us;
 }
 
 /** The critic update: the clipped value loss towards the returns, `epochs` x `minibatches` steps. */

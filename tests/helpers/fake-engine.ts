@@ -146,6 +146,25 @@ export class FakeEngine implements ComputeEngine {
     return { loss: 0.25, stats, num_data: body.data.length, num_tokens: 1 };
   }
 
+  async forwardBackwardBatch(
+    body: Schemas["ForwardBackwardBatch"],
+  ): Promise<Schemas["ForwardBackwardBatchResponse"]> {
+    const results = [];
+    for (const c of body.calls) results.push(await this.forwardBackward(c));
+    const inner = this.calls.splice(this.calls.length - body.calls.length);
+    this.calls.push({
+      endpoint: "forwardBackwardBatch",
+      adapter: [...new Set(inner.map((x) => x.adapter))].join("+"),
+      rows: inner.reduce((n, x) => n + (x.rows ?? 0), 0),
+    });
+    return { results, fused_passes: 1 };
+  }
+
+  async retokenize(body: Schemas["RetokenizeRequest"]): Promise<Schemas["RetokenizeResponse"]> {
+    this.calls.push({ endpoint: "retokenize", adapter: `${body.from_base}->${body.to_base}` });
+    return { ids: body.ids.map((xs) => [...xs]) };
+  }
+
   async optimStep(body: Schemas["OptimStepRequest"]): Promise<Schemas["OptimStepResponse"]> {
     const a = this.adapter(body.adapter);
     this.calls.push({ endpoint: "optimStep", adapter: body.adapter });

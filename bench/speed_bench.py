@@ -1,0 +1,464 @@
+"""Engine speed against the hardware: the figures of issue 17, each a ratio measured in one run.
+
+    .venv/bin/python bench/speed_bench.py [--quick] [--source pkg:smollm2-135m-instruct] --out FILE.json
+
+- matmul probe: the dense GEMM rate of this CPU (or GPU) in fp32 and bf16, n x n x n, on the engine's
+  compute thread with its thread count. It is the compute limit the fractions below are taken against.
+- decode_roofline_fraction: engine decode tokens/s at batch 32 over probe FLOP/s / FLOPs per token
+  (2 x every linear weight incl. the LM head, plus attention over the context). Also in bf16.
+- train_flops_fraction: model FLOP/s of forward_backward (PPO, LoRA r16 on every projection) on the
+  demo's shapes (8 data of a 60-100 token prompt and a 12-20 token answer, weights on the answer) over
+  the probe. Model FLOPs: 4 x linear weights x tokens (forward, and the backward's activation
+  gradients; the frozen base has no weight gradients) + 4 x head weights x scored tokens (the head
+  runs on the answer only) + 6 x LoRA weights x tokens + attention.
+- mixed_adapter_train_speedup: 4 adapters' PPO updates (forward_backward + optim_step each), same
+  data: 4 separate forward_backward calls against one forward_backward_batch.
+- prefix_reuse_speedup: a 4-agent sequential rollout of 32 episodes whose prompts share a 300-token
+  header of few-shot examples (16-token answers), with the prefix cache against without.
+- engine_vs_generate_short: batch 64 of the demo's shape (a system prompt and a one-line problem;
+  answers of 12-20 tokens, each row its own length): engine tokens/s (prefix cache on, and off) over
+  plain `generate` on the same rows, which runs the batch to its longest answer (20); both count the
+  12-20 wanted tokens of each row.
+
+Every comparison alternates its sides `reps` times and takes each side's median: the machine is
+shared, and alternating exposes both sides to the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from marft_engine.engine import Engine
+from marft_engine.models import load_source
+from marft_engine.schemas import (
+    AdapterCreate,
+    BaseCreate,
+    Datum,
+    ForwardBackwardBatch,
+    ForwardBackwardRequest,
+    LoraConfig,
+    OptimStepRequest,
+    SampleBatch,
+    SampleRequest,
+    SamplingParams,
+)
+from probe import (
+    TARGETS,
+    alternate,
+    attention_flops,
+    matmul_flops,
+    problems,
+    prompts_of,
+    shape,
+)
+
+SMOL = "pkg:smollm2-135m-instruct"
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def bench_decode(
+    eng: Engine, base: str, device: str, batch: int, new_tokens: int, reps: int
+) -> dict[str, float]:
+    b = eng.bases[base]
+    ps = prompts_of(b.tokenizer, "You are a helpful assistant.", problems(batch, 1))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    reqs = [
+        SampleRequest(adapter="__base__", base=base, prompt_ids=p, sampling=sp, seed=i)
+        for i, p in enumerate(ps)
+    ]
+    eng.sample(SampleBatch(requests=reqs[:4]))  # warm-up
+    dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
+    probe: list[float] = []
+    t = alternate(
+        {
+            "decode": lambda: eng.sample(SampleBatch(requests=reqs)),
+            "probe": lambda: probe.append(
+                eng.compute.call(lambda: matmul_flops(dt, device))
+            ),
+        },
+        reps,
+        device,
+    )
+    s = shape(b.hf)
+    ctx = statistics.mean(len(p) for p in ps) + new_tokens / 2
+    per_token = 2 * (s["linear"] + s["head"]) + attention_flops(s, ctx)
+    tps = batch * new_tokens / t["decode"]
+    peak = statistics.median(probe)
+    return {
+        "tokens_per_s": tps,
+        "probe_flops": peak,
+        "flops_per_token": per_token,
+        "limit_tokens_per_s": peak / per_token,
+        "roofline_fraction": tps * per_token / peak,
+        # weights read per step over the step time: decode at this batch is compute-bound when this is
+        # far below the memory bandwidth
+        "weight_bytes_per_s": (s["linear"] + s["head"])
+        * (4 if dt == torch.float32 else 2)
+        * tps
+        / batch,
+    }
+
+
+def demo_data(tok_vocab: int, n: int, seed: int) -> list[Datum]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        p = int(torch.randint(60, 101, (1,), generator=g))
+        r = int(torch.randint(12, 21, (1,), generator=g))
+        toks = torch.randint(0, min(tok_vocab, 32000), (p + r,), generator=g).tolist()
+        out.append(
+            Datum(
+                tokens=toks,
+                weights=[0.0] * p + [1.0] * r,
+                old_logprobs=[-5.0] * (p + r),
+                advantages=torch.randn(p + r, generator=g).tolist(),
+            )
+        )
+    return out
+
+
+def bench_train(
+    eng: Engine, base: str, device: str, reps: int, n_data: int = 8
+) -> dict[str, float]:
+    names = [f"t{k}" for k in range(4)]
+    for k, name in enumerate(names):
+        eng.create_adapter(
+            AdapterCreate(
+                name=name,
+                base=base,
+                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
+                seed=k,
+            )
+        )
+    b = eng.bases[base]
+    calls = [
+        ForwardBackwardRequest(
+            adapter=n, loss="ppo", data=demo_data(b.vocab_size, n_data, 10 + k)
+        )
+        for k, n in enumerate(names)
+    ]
+
+    def steps() -> None:
+        for n in names:
+            eng.optim_step(OptimStepRequest(adapter=n))
+
+    def separate() -> None:
+        for c in calls:
+            eng.forward_backward(c)
+        steps()
+
+    def fused() -> None:
+        eng.forward_backward_batch(ForwardBackwardBatch(calls=calls))
+        steps()
+
+    def one() -> None:
+        eng.forward_backward(calls[0])
+
+    separate(), fused()  # warm-up
+    dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
+    probe: list[float] = []
+    t = alternate(
+        {
+            "separate": separate,
+            "fused": fused,
+            "one": one,
+            "probe": lambda: probe.append(
+                eng.compute.call(lambda: matmul_flops(dt, device))
+            ),
+        },
+        reps,
+        device,
+    )
+    s = shape(b.hf)
+    s["lora"] = sum(p.numel() for p in eng.adapters["t0"].params)
+    tokens = sum(len(d.tokens) for d in calls[0].data)
+    scored = sum(sum(1 for w in d.weights or [] if w > 0) for d in calls[0].data)
+    ctx = statistics.mean(len(d.tokens) for d in calls[0].data) / 2
+    flops = 4 * s["linear"] * tokens + 4 * s["head"] * scored + 6 * s["lora"] * tokens
+    flops += (
+        3 * attention_flops(s, ctx) * tokens
+    )  # forward, and the backward's two products
+    peak = statistics.median(probe)
+    for n in names:
+        eng.delete_adapter(n)
+    return {
+        "mixed_adapter_train_speedup": t["separate"] / t["fused"],
+        "separate_seconds": t["separate"],
+        "fused_seconds": t["fused"],
+        "forward_backward_seconds": t["one"],
+        "model_flops_per_call": flops,
+        "train_flops_fraction": flops / t["one"] / peak,
+        "probe_flops": peak,
+        "train_tokens_per_s": tokens / t["one"],
+    }
+
+
+def few_shot(n: int) -> str:
+    """n worked examples, the same in every prompt (12: about 300 SmolLM2 tokens)."""
+    return " ".join(
+        f"Example {i}: {p} Answer: {i * 7 % 50 + 3}."
+        for i, p in enumerate(problems(n, 99))
+    )
+
+
+def bench_prefix_reuse(
+    eng: Engine,
+    base: str,
+    device: str,
+    reps: int,
+    episodes: int = 32,
+    examples: int = 12,
+) -> dict[str, float]:
+    names = [f"agent{k}" for k in range(4)]
+    for k, n in enumerate(names):
+        if n not in eng.adapters:
+            eng.create_adapter(AdapterCreate(name=n, base=base, seed=k))
+    b = eng.bases[base]
+    tok = b.tokenizer
+    tasks = problems(episodes, 5)
+    sp = SamplingParams(temperature=0.7, max_new_tokens=16, ignore_eos=True)
+    header = few_shot(examples)
+    header_tokens = len(tok(header, add_special_tokens=False)["input_ids"])
+
+    def rollout() -> None:
+        answers: list[list[str]] = [[] for _ in tasks]
+        for k, n in enumerate(names):
+            users = [
+                f"{header}\n\nProblem: {t}"
+                + "".join(f"\nagent{j}: {a}" for j, a in enumerate(answers[e]))
+                for e, t in enumerate(tasks)
+            ]
+            ps = prompts_of(tok, f"You are agent {k} of a team. Be brief.", users)
+            reqs = [
+                SampleRequest(adapter=n, prompt_ids=p, sampling=sp, seed=100 * k + e)
+                for e, p in enumerate(ps)
+            ]
+            out = eng.sample(SampleBatch(requests=reqs))
+            for e, r in enumerate(out.results):
+                answers[e].append(r.completions[0].text)
+
+    budget = b.prefix_cache_bytes
+
+    def with_reuse() -> None:
+        b.prefix_cache_bytes = max(budget, 2**30)
+        eng.sampler.prefix.pop(
+            base, None
+        )  # a cold cache: a rollout's first prompts miss
+        rollout()
+
+    def without() -> None:
+        b.prefix_cache_bytes = 0
+        rollout()
+
+    eng.sample(
+        SampleBatch(
+            requests=[
+                SampleRequest(adapter=names[0], prompt_ids=[1, 2, 3], sampling=sp)
+            ]
+        )
+    )
+    before = eng.stats({}).prefix_cache
+    t = alternate({"off": without, "on": with_reuse}, reps, device)
+    after = eng.stats({}).prefix_cache
+    b.prefix_cache_bytes = budget
+    return {
+        "prefix_reuse_speedup": t["off"] / t["on"],
+        "seconds_without": t["off"],
+        "seconds_with": t["on"],
+        "header_tokens": float(header_tokens),
+        "reused_fraction": (after.hit_tokens - before.hit_tokens)
+        / max(1, after.prompt_tokens - before.prompt_tokens),
+    }
+
+
+def bench_short_answers(
+    eng: Engine, base: str, device: str, reps: int, batch: int = 64
+) -> dict[str, float]:
+    b = eng.bases[base]
+    tok = b.tokenizer
+    ps = prompts_of(tok, "Answer with only the final number.", problems(batch, 3))
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.randint(12, 21, (batch,), generator=g).tolist()
+    reqs = [
+        SampleRequest(
+            adapter="__base__",
+            base=base,
+            prompt_ids=p,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True),
+            seed=i,
+        )
+        for i, (p, n) in enumerate(zip(ps, lengths, strict=True))
+    ]
+    L = max(len(p) for p in ps)
+    ids = torch.full((batch, L), b.pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, L), dtype=torch.long)
+    for i, p in enumerate(ps):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = torch.tensor(p), 1
+    ids, mask = ids.to(b.device), mask.to(b.device)
+    # plain transformers on its own copy of the model (no LoRA layers injected), on the compute thread
+    model = eng.compute.call(
+        lambda: load_source(b.source, b.seed)[0].to(b.device).eval()
+    )
+
+    def generate() -> None:
+        def run() -> None:
+            with torch.no_grad():
+                model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    top_k=0,
+                    max_new_tokens=max(lengths),
+                    min_new_tokens=max(lengths),
+                    pad_token_id=b.pad_id,
+                )
+
+        eng.compute.call(run)
+
+    budget = b.prefix_cache_bytes
+
+    def engine(on: bool) -> Callable[[], None]:
+        def go() -> None:
+            b.prefix_cache_bytes = 2**30 if on else 0
+            eng.sampler.prefix.pop(base, None)  # cold: only sharing within the batch
+            eng.sample(SampleBatch(requests=reqs))
+
+        return go
+
+    engine(False)()
+    generate()
+    t = alternate(
+        {
+            "generate": generate,
+            "engine": engine(True),
+            "engine_no_reuse": engine(False),
+        },
+        reps,
+        device,
+    )
+    b.prefix_cache_bytes = budget
+    wanted = sum(lengths)
+    return {
+        "engine_vs_generate_short": t["generate"] / t["engine"],
+        "engine_vs_generate_short_no_reuse": t["generate"] / t["engine_no_reuse"],
+        "engine_short_tokens_per_s": wanted / t["engine"],
+        "generate_short_tokens_per_s": wanted / t["generate"],
+    }
+
+
+def report(part: dict[str, Any]) -> dict[str, Any]:
+    """Print a section's figures as they come (a loaded machine makes the whole run long)."""
+    for k, v in sorted(part.items()):
+        print(
+            f"  {k:46s} {v:.4g}" if isinstance(v, float) else f"  {k:46s} {v}",
+            flush=True,
+        )
+    return part
+
+
+def run_all(
+    device: str, source: str, reps: int, quick: bool, dtypes: list[str], episodes: int
+) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        "device": device,
+        "source": source,
+        "reps": reps,
+        "torch_threads": torch.get_num_threads(),
+    }
+    for dtype in dtypes:
+        eng = Engine(device=device, max_batch=64)
+        try:
+            eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))  # type: ignore[arg-type]
+            d = bench_decode(eng, "s", device, 32, 16 if quick else 32, reps)
+            res.update(report({f"decode_{k}_{dtype}": v for k, v in d.items()}))
+            tr = bench_train(eng, "s", device, reps)
+            res.update(report({f"{k}_{dtype}": v for k, v in tr.items()}))
+            if dtype == "float32":
+                # a byte-level tiny model (tests) takes 1024 tokens: a shorter header
+                res.update(
+                    report(
+                        bench_prefix_reuse(
+                            eng,
+                            "s",
+                            device,
+                            reps,
+                            examples=2 if source.startswith("tiny:") else 12,
+                        )
+                    )
+                )
+                res.update(report(bench_short_answers(eng, "s", device, reps)))
+        finally:
+            eng.close()
+    # headlines: fp32 (the engine's CPU default) against the fp32 probe
+    for k in [
+        "decode_roofline_fraction",
+        "train_flops_fraction",
+        "mixed_adapter_train_speedup",
+    ]:
+        src = (
+            "decode_roofline_fraction_float32"
+            if k.startswith("decode")
+            else f"{k}_float32"
+        )
+        if src in res:
+            res[k] = res[src]
+    if "engine_vs_generate_short" in res:
+        res["engine_vs_generate_ratio_short"] = res["engine_vs_generate_short"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--source", default=SMOL)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 alternations instead of 5, 16 decode tokens",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (the engine's default on CPU: 1)",
+    )
+    ap.add_argument(
+        "--reps", type=int, default=None, help="alternations (default 5; --quick 3)"
+    )
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument(
+        "--episodes", type=int, default=32, help="episodes of the prefix-reuse rollout"
+    )
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    reps = args.reps or (3 if args.quick else 5)
+    res = run_all(
+        args.device,
+        args.source,
+        reps,
+        args.quick,
+        args.dtypes.split(","),
+        args.episodes,
+    )
+    res["seconds"] = time.time() - t0
+    Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    for k, v in sorted(res.items()):
+        print(f"{k:48s} {v:.4g}" if isinstance(v, float) else f"{k:48s} {v}")
+
+
+if __name__ == "__main__":
+    main()
