@@ -17,7 +17,7 @@ import peft
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from . import lora_batch, precision
+from . import chat, lora_batch, precision
 from .errors import BadRequest, Conflict, NotFound
 from .models import load_source
 from .peft_folder import read_peft_dir
@@ -66,6 +66,7 @@ class Base:
             pad_token_id=self.pad_id,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
+            tools=chat.supports_tools(self.tokenizer),
         )
 
 
