@@ -3,6 +3,8 @@ const USAGE = `usage: marft <command> [options]
 
 commands:
   train <config> [--resume DIR] [--set k=v ...]   train a team
+  train-app <config> --app FILE                   train the agents of an unmodified app (via the gateway)
+  serve <config|run dir|checkpoint>               the team as an OpenAI-compatible API
   eval <config|run dir> --data FILE [--n N]       evaluate a team
   demo                                            the main job: train a real two-agent team
   bench                                           speed and memory figures
@@ -16,6 +18,10 @@ export async function main(argv: string[]): Promise<void> {
   switch (cmd) {
     case "train":
       return (await import("./train.ts")).trainCommand(rest);
+    case "train-app":
+      return (await import("./train-app.ts")).trainAppCommand(rest);
+    case "serve":
+      return (await import("./serve.ts")).serveCommand(rest);
     case "eval":
       return (await import("./eval.ts")).evalCommand(rest);
     case "demo":

@@ -5,7 +5,7 @@ import { accuracyCi95, mean, passAtK } from "../algo/index.ts";
 import type { ComputeEngine } from "../client/compute.ts";
 import type { RunConfig } from "../config/schema.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
-import { playEpisodes } from "./episodes.ts";
+import { asSource, type EpisodeSource } from "./episodes.ts";
 
 export interface ProblemResult {
   taskId: string;
@@ -34,7 +34,7 @@ export interface EvalResult {
 
 export interface EvaluateOptions {
   engine: ComputeEngine;
-  suite: TaskSuite<unknown>;
+  suite: TaskSuite<unknown> | EpisodeSource;
   config: RunConfig;
   tasks: unknown[];
   greedy?: boolean;
@@ -48,10 +48,10 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   const t0 = performance.now();
   const greedy = o.greedy ?? true;
   const seed = o.seed ?? 0;
-  if (o.tasks.length === 0) throw new Error(`evaluate: task ${o.suite.name} has no held-out problems`);
-  const first = await playEpisodes({
+  const source = asSource(o.suite);
+  if (o.tasks.length === 0) throw new Error(`evaluate: task ${source.name} has no held-out problems`);
+  const first = await source.play({
     engine: o.engine,
-    suite: o.suite,
     config: o.config,
     tasks: o.tasks,
     samplesPerTask: 1,
@@ -77,9 +77,8 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   };
   const k = o.k ?? 0;
   if (k > 0) {
-    const sampled = await playEpisodes({
+    const sampled = await source.play({
       engine: o.engine,
-      suite: o.suite,
       config: o.config,
       tasks: o.tasks,
       samplesPerTask: k,

@@ -10,7 +10,7 @@ import { CRITIC_ADAPTER, type RunConfig } from "../config/schema.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import { Rng } from "../rng.ts";
 import { checkStaleness, type RolloutResult } from "../rollout/index.ts";
-import { playEpisodes } from "./episodes.ts";
+import { asSource, type EpisodeSource } from "./episodes.ts";
 import { type EvalResult, evaluate } from "./evaluate.ts";
 import * as metrics from "./metrics.ts";
 import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
@@ -38,13 +38,17 @@ export class Trainer {
   private readonly log: (line: string) => void;
   private readonly onProgress: (e: ProgressEvent) => void;
 
+  /** The tasks, and where the episodes of the rollout come from (an env suite, an app). */
+  readonly suite: EpisodeSource;
+
   constructor(
     readonly config: RunConfig,
-    readonly suite: TaskSuite<unknown>,
+    suite: TaskSuite<unknown> | EpisodeSource,
     readonly engine: ComputeEngine,
     opts: TrainerOptions = {},
   ) {
-    if (suite.train.length === 0) throw new Error(`task ${suite.name}: the train split is empty`);
+    this.suite = asSource(suite);
+    if (this.suite.train.length === 0) throw new Error(`task ${this.suite.name}: the train split is empty`);
     this.state = opts.state ?? {
       iteration: 0,
       dataCursor: 0,
@@ -119,9 +123,8 @@ export class Trainer {
     const c = this.config;
     const tasks = tasksAt(c.seed, this.suite.train.length, this.state.dataCursor, c.train.tasksPerIter);
     this.state.dataCursor += c.train.tasksPerIter;
-    const r = await playEpisodes({
+    const r = await this.suite.play({
       engine: this.engine,
-      suite: this.suite,
       config: c,
       tasks: tasks.map((i) => this.suite.train[i]),
       samplesPerTask: c.train.samplesPerTask,
