@@ -10,6 +10,7 @@ commands:
   bench                                           speed and memory figures
   engine serve [--host H] [--port P]              run the compute engine
   grade math                                      JSONL {pred, gold} on stdin -> verdicts
+  setup [--venv DIR]                              install the Python engine (for an installed package)
   sandbox run --lang python --timeout S FILE      run one program in the sandbox
 `;
 
@@ -32,6 +33,8 @@ export async function main(argv: string[]): Promise<void> {
       return (await import("./engine.ts")).engineCommand(rest);
     case "grade":
       return (await import("./grade.ts")).gradeCommand(rest);
+    case "setup":
+      return (await import("./setup.ts")).setupCommand(rest);
     case "sandbox":
       return (await import("./sandbox.ts")).sandboxCommand(rest);
     case undefined:

@@ -119,7 +119,7 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   const python = opts.python ?? process.env["MARFT_PYTHON"] ?? resolve(REPO_ROOT, ".venv", "bin", "python");
   if (!existsSync(python)) {
     throw new Error(
-      `engine: python interpreter ${python} not found (run \`make setup\`, or set MARFT_PYTHON)`,
+      `engine: python interpreter ${python} not found (run \`make setup\` in a checkout or \`npx marft setup\` where marft is installed, or set MARFT_PYTHON)`,
     );
   }
   const token = randomBytes(24).toString("base64url");

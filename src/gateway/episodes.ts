@@ -47,6 +47,8 @@ export interface RecordedTurn {
   sampling: SamplingRecord;
   /** Assistant messages of the prompt that went in as re-tokenized text (no output of ours matched). */
   retokenized: number;
+  /** The answer was streamed (server-sent events). */
+  streamed: boolean;
 }
 
 export interface EpisodeOptions {
@@ -252,6 +254,7 @@ export function episodeJson(ep: Episode) {
       finish_reason: t.finishReason,
       sampling: t.sampling,
       retokenized: t.retokenized,
+      streamed: t.streamed,
     })),
   };
 }

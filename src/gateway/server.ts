@@ -289,6 +289,7 @@ export class Gateway {
         parents,
         sampling,
         retokenized: retokenized + (result.retokenized?.length ?? 0),
+        streamed: r.stream === true,
       });
     });
     // An answer the app never got is not a turn it took (a timed-out or cancelled call).

@@ -6,7 +6,11 @@
 import { afterAll, beforeAll } from "vitest";
 import type { EngineClient } from "../../src/client/client.ts";
 import { BASE_ADAPTER } from "../../src/client/compute.ts";
+import { appRunConfig } from "../../src/app/train-app.ts";
+import type { RunConfig } from "../../src/config/schema.ts";
+import { gatewayAgents } from "../../src/gateway/agents.ts";
 import { Gateway, type GatewayAgent } from "../../src/gateway/server.ts";
+import { setupEngine } from "../../src/train/setup.ts";
 import { createPolicy, createTinyBase, useEngine } from "./engine.ts";
 
 export interface TestGateway {
@@ -35,15 +39,20 @@ export interface EpisodeJson {
     finish_reason: string;
     sampling: { temperature: number; seed: number | null; max_tokens: number };
     retokenized: number;
+    streamed: boolean;
   }>;
 }
 
 export const TEST_TOKEN = "test-gateway-token";
 
-/** Agents with their own adapter on the tiny base; `frozen` ones answer from the bare base. */
+/**
+ * Agents with their own adapter on the tiny base (`frozen` ones answer from the bare base), or the
+ * team of a run config file (`config`), set up on the engine as a training run would.
+ */
 export function useGateway(opts: {
-  agents: string[];
+  agents?: string[];
   frozen?: string[];
+  config?: string;
   maxNewTokens?: number;
   maxBodyBytes?: number;
 }): TestGateway {
@@ -51,14 +60,22 @@ export function useGateway(opts: {
   let gateway: Gateway | undefined;
   let url = "";
   beforeAll(async () => {
-    await createTinyBase(eng.client);
-    for (const [i, a] of opts.agents.entries()) await createPolicy(eng.client, a, "tiny", i + 1);
-    const agents: GatewayAgent[] = [...opts.agents, ...(opts.frozen ?? [])].map((id) => ({
-      id,
-      adapter: opts.frozen?.includes(id) ? BASE_ADAPTER : id,
-      base: "tiny",
-      sampling: { temperature: 1, topP: 1, topK: 0, maxNewTokens: opts.maxNewTokens ?? 8, stop: [] },
-    }));
+    let agents: GatewayAgent[];
+    if (opts.config) {
+      const config: RunConfig = appRunConfig(opts.config, [], true).config;
+      await setupEngine(eng.client, config);
+      agents = gatewayAgents(config);
+    } else {
+      const own = opts.agents ?? [];
+      await createTinyBase(eng.client);
+      for (const [i, a] of own.entries()) await createPolicy(eng.client, a, "tiny", i + 1);
+      agents = [...own, ...(opts.frozen ?? [])].map((id) => ({
+        id,
+        adapter: opts.frozen?.includes(id) ? BASE_ADAPTER : id,
+        base: "tiny",
+        sampling: { temperature: 1, topP: 1, topK: 0, maxNewTokens: opts.maxNewTokens ?? 8, stop: [] },
+      }));
+    }
     gateway = new Gateway({ engine: eng.client, agents, token: TEST_TOKEN, maxBodyBytes: opts.maxBodyBytes });
     url = await gateway.listen();
   });
