@@ -43,8 +43,9 @@ $(VENV_STAMP): engine/requirements.txt engine/pyproject.toml
 
 lint: setup
 	npx tsc --noEmit -p .
+	npx tsc --noEmit -p .
 	npx tsc --noEmit -p src/dashboard/client
-	npx biome check src tests bench bin
+	npx biome check src tests bench bin examples scripts
 	$(VENV)/bin/ruff check engine bench
 	$(VENV)/bin/ruff format --check engine bench
 

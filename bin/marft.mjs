@@ -1,6 +1,7 @@
 #!/usr/bin/env node
-// Runs the TypeScript CLI directly through tsx, so there is no build step to forget.
-import { register } from "tsx/esm/api";
+// In a checkout (src/ is here) the CLI runs from the TypeScript through tsx, so there is no build step
+// to forget; an installed package has no src/ and no tsx, and runs the compiled JavaScript in dist/.
+import { existsSync } from "node:fs";
 
 // Node ends with exit code 13 and no word when the awaited command can never finish (nothing left
 // that could settle it): a bug, but it must not pass in silence.
@@ -11,6 +12,12 @@ process.on("exit", () => {
     );
 });
 
-register();
-const { main } = await import("../src/cli/main.ts");
+const source = new URL("../src/cli/main.ts", import.meta.url);
+let entry = new URL("../dist/cli/main.js", import.meta.url);
+if (existsSync(source)) {
+  const { register } = await import("tsx/esm/api");
+  register();
+  entry = source;
+}
+const { main } = await import(entry.href);
 await main(process.argv.slice(2));

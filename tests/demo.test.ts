@@ -74,7 +74,7 @@ describe("majorityVote", () => {
     const seen = new Map<string, number>();
     const engine = new FakeEngine();
     engine.textFor = (req) => {
-      const q = req.messages!.find((m) => m.role === "user")!.content;
+      const q = String(req.messages!.find((m) => m.role === "user")!.content);
       const k = seen.get(q) ?? 0;
       seen.set(q, k + 1);
       return script[q]![k]!;

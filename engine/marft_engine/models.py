@@ -31,12 +31,40 @@ from .errors import BadRequest
 
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-# ChatML, as Qwen2 and SmolLM2 use it.
+# ChatML, as Qwen2 and SmolLM2 use it, with tools in the Hermes format Qwen2.5 uses: tool definitions
+# in a system block, calls as <tool_call>{"name": ..., "arguments": ...}</tool_call>, results as
+# <tool_response> in a user turn. Without tools, tool calls or tool messages it renders exactly the
+# plain ChatML of the tiny presets before tools (tests/test_chat.py pins it).
 CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}'
+    "\n</tool_call><|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set f = call['function'] if call['function'] is defined else call %}"
+    "{{- '\n<tool_call>\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+    "{{- f['arguments'] if f['arguments'] is string else (f['arguments'] | tojson) }}"
+    "{{- '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
 SMOLLM2_DIR_NAME = "smollm2-135m-instruct"

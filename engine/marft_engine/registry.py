@@ -18,7 +18,7 @@ import peft
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from . import lora_batch, precision
+from . import chat, lora_batch, precision
 from .errors import BadRequest, Conflict, NotFound
 from .models import context_length, load_source, plain_head
 from .peft_folder import read_peft_dir
@@ -70,6 +70,7 @@ class Base:
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
             dtype_reason=self.dtype_reason,
+            tools=chat.supports_tools(self.tokenizer),
         )
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import lora_batch
+from . import chat, lora_batch
 from .errors import BadRequest, Conflict
 from .kv_cache import KV, Running, Spans, layers_of
 from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
@@ -60,6 +60,7 @@ class Job:
     future: concurrent.futures.Future[SampleResponse]
     started: float
     tokens: int = 0
+    retokenized: list[list[int]] = field(default_factory=list)  # per request (SampleResult.retokenized)
 
 
 @dataclass
@@ -102,22 +103,24 @@ class Sampler:
     # ------------------------------------------------------------------------------------------------
     # admission of a call
 
-    def _prompt_ids(self, base: Base, i: int, req: SampleRequest) -> list[int]:
+    def _prompt_ids(self, base: Base, i: int, req: SampleRequest) -> tuple[list[int], list[int]]:
+        """The request's prompt ids, and the messages whose token_ids went in as text (chat.py)."""
         if (req.messages is None) == (req.prompt_ids is None):
             raise BadRequest(f"requests[{i}]: give exactly one of messages and prompt_ids")
+        retokenized: list[int] = []
+        if req.tools is not None and req.messages is None:
+            raise BadRequest(f"requests[{i}].tools: tools go with messages, not prompt_ids")
         if req.messages is not None:
-            if not req.messages:
-                raise BadRequest(f"requests[{i}].messages: empty")
-            msgs = [m.model_dump() for m in req.messages]
-            try:
-                out = base.tokenizer.apply_chat_template(
-                    msgs, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            except (ValueError, TypeError) as e:  # e.g. a tokenizer without a chat template
-                raise BadRequest(
-                    f"requests[{i}].messages: cannot apply the chat template of base {base.name!r}: {e}"
-                ) from e
-            ids = [int(t) for t in (out["input_ids"] if isinstance(out, dict) else out)]
+            prompt = chat.prompt_ids(
+                base.tokenizer,
+                req.messages,
+                req.tools,
+                base.eos_ids,
+                base.vocab_size,
+                where=f"requests[{i}].",
+                base_name=base.name,
+            )
+            ids, retokenized = prompt.ids, prompt.retokenized
             field_name = "messages"
         else:
             assert req.prompt_ids is not None
@@ -135,13 +138,14 @@ class Sampler:
                 f"requests[{i}].{field_name}: the prompt is {len(ids)} tokens; the context of base "
                 f"{base.name!r} is {base.context_length}"
             )
-        return ids
+        return ids, retokenized
 
     def submit(self, body: SampleBatch) -> concurrent.futures.Future[SampleResponse]:
         """Queue a call's rows (every request is checked first, so a bad one queues nothing); the
         future resolves when all of them are done."""
         future: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
         prepared: list[tuple[Base, list[int], SampleRequest, int]] = []  # (base, prompt, request, version)
+        retokenized: list[list[int]] = []
         seed = body.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())  # from the global RNG (checkpointed)
@@ -149,7 +153,8 @@ class Sampler:
             base, adapter = self.registry.resolve(req.adapter, req.base, f"requests[{i}].")
             if adapter is not None and adapter.kind != "policy":
                 raise BadRequest(f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy")
-            ids = self._prompt_ids(base, i, req)
+            ids, retok = self._prompt_ids(base, i, req)
+            retokenized.append(retok)
             for s in req.sampling.stop:
                 if not s:
                     raise BadRequest(f"requests[{i}].sampling.stop: empty stop string")
@@ -161,6 +166,7 @@ class Sampler:
             remaining=sum(req.sampling.n for _, _, req, _ in prepared),
             future=future,
             started=time.perf_counter(),
+            retokenized=retokenized,
         )
         rows_by_base: dict[str, list[Row]] = {}
         for i, (base, ids, req, _) in enumerate(prepared):
@@ -469,9 +475,13 @@ class Sampler:
         if job.remaining == 0 and not job.future.done():
             results = [
                 SampleResult(
-                    prompt_ids=p, adapter=a, adapter_version=v, completions=[c for c in cs if c is not None]
+                    prompt_ids=p,
+                    retokenized=job.retokenized[i] if i < len(job.retokenized) else [],
+                    adapter=a,
+                    adapter_version=v,
+                    completions=[c for c in cs if c is not None],
                 )
-                for (p, a, v), cs in zip(job.requests, job.completions, strict=True)
+                for i, ((p, a, v), cs) in enumerate(zip(job.requests, job.completions, strict=True))
             ]
             job.future.set_result(
                 SampleResponse(

@@ -29,7 +29,7 @@ Conventions
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,6 +89,7 @@ class BaseInfo(Answer):
     device: str
     dtype: str
     dtype_reason: str = Field(description="why this dtype: requested, or what auto saw on this device")
+    tools: bool = Field(False, description="the chat template renders tool definitions (SampleRequest.tools)")
 
 
 class LoraConfig(Strict):
@@ -147,8 +148,20 @@ class BaseList(Answer):
 
 
 class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(None, description="required, except for an assistant message with tool_calls")
+    token_ids: list[int] | None = Field(
+        None,
+        description="assistant only: the ids this message was sampled as (a completion's response_ids); "
+        "the prompt then holds these ids verbatim where the template puts the content, instead of a "
+        "re-tokenization of the text (token-in, token-out; see chat.py)",
+    )
+    tool_calls: list[dict[str, Any]] | None = Field(
+        None,
+        description="assistant: tool calls as the chat template reads them ({type, function: {name, arguments}})",
+    )
+    tool_call_id: str | None = Field(None, description="tool: the call this message answers")
+    name: str | None = Field(None, description="tool: the function's name")
 
 
 class SamplingParams(Strict):
@@ -167,6 +180,10 @@ class SampleRequest(Strict):
     adapter: str = Field(description="policy adapter name, or __base__ for the bare base (then give base)")
     base: str | None = Field(None, description="required with adapter __base__; else inferred")
     messages: list[ChatMessage] | None = Field(None, description="templated by the engine's chat template")
+    tools: list[dict[str, Any]] | None = Field(
+        None,
+        description="tool definitions for the chat template (with messages; the base's template must render tools)",
+    )
     prompt_ids: list[int] | None = Field(None, description="raw prompt token ids (instead of messages)")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     seed: int | None = Field(
@@ -191,6 +208,11 @@ class Completion(Answer):
 
 class SampleResult(Answer):
     prompt_ids: list[int]
+    retokenized: list[int] = Field(
+        default_factory=list,
+        description="indices of messages whose token_ids could not be spliced (the template does not render "
+        "their content verbatim once): those went in as re-tokenized text",
+    )
     adapter: str
     adapter_version: int
     completions: list[Completion]

@@ -12,9 +12,13 @@
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
 import { join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
 import { writeFileAtomic } from "../train/rundir.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
+
+/** bench/ is in the repository, not in the npm package: its scripts are found at run time. */
+const benchScript = (name: string) => pathToFileURL(join(REPO, "bench", name)).href;
 
 function machine(): Record<string, unknown> {
   let torch = "";
@@ -86,7 +90,9 @@ export async function benchCommand(args: string[]): Promise<void> {
   }
   if (want("sandbox")) {
     process.stderr.write("bench: sandbox (MBPP executions under isolation)...\n");
-    const { benchSandbox } = await import("../../bench/sandbox.ts");
+    const { benchSandbox } = (await import(benchScript("sandbox.ts"))) as {
+      benchSandbox: (o: { quick: boolean }) => Promise<unknown>;
+    };
     results["sandbox"] = await benchSandbox({ quick });
   }
   if (want("speed")) {
@@ -102,7 +108,14 @@ export async function benchCommand(args: string[]): Promise<void> {
   }
   if (want("rollout")) {
     process.stderr.write("bench: rollout (MARFT vs the reference scheme)...\n");
-    const { benchRollout } = await import("../../bench/rollout.ts");
+    const { benchRollout } = (await import(benchScript("rollout.ts"))) as {
+      benchRollout: (o: {
+        quick: boolean;
+        seeds?: number[];
+        graphs?: Array<"sequential">;
+        episodes?: number;
+      }) => Promise<unknown>;
+    };
     // three seeds (the ratio moves with the sampled answers); --quick: sequential teams only
     results["rollout"] = await benchRollout({
       quick,

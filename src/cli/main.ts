@@ -3,6 +3,8 @@ const USAGE = `usage: marft <command> [options]
 
 commands:
   train <config> [--resume DIR] [--set k=v ...]   train a team
+  train-app <config> --app FILE                   train the agents of an unmodified app (via the gateway)
+  serve <config|run dir|checkpoint>               the team as an OpenAI-compatible API
   eval <config|run dir> --data FILE [--n N]       evaluate a team
   demo                                            the main job: train a real two-agent team
   dashboard [runs/] [--port P] [--host H]         watch runs in a browser while they train
@@ -10,6 +12,7 @@ commands:
   bench                                           speed and memory figures
   engine serve [--host H] [--port P]              run the compute engine
   grade math                                      JSONL {pred, gold} on stdin -> verdicts
+  setup [--venv DIR]                              install the Python engine (for an installed package)
   sandbox run --lang python --timeout S FILE      run one program in the sandbox
 `;
 
@@ -18,6 +21,10 @@ export async function main(argv: string[]): Promise<void> {
   switch (cmd) {
     case "train":
       return (await import("./train.ts")).trainCommand(rest);
+    case "train-app":
+      return (await import("./train-app.ts")).trainAppCommand(rest);
+    case "serve":
+      return (await import("./serve.ts")).serveCommand(rest);
     case "eval":
       return (await import("./eval.ts")).evalCommand(rest);
     case "demo":
@@ -32,6 +39,8 @@ export async function main(argv: string[]): Promise<void> {
       return (await import("./engine.ts")).engineCommand(rest);
     case "grade":
       return (await import("./grade.ts")).gradeCommand(rest);
+    case "setup":
+      return (await import("./setup.ts")).setupCommand(rest);
     case "sandbox":
       return (await import("./sandbox.ts")).sandboxCommand(rest);
     case undefined:

@@ -44,7 +44,7 @@ export interface LocalEngineOptions {
   /** The returned client's stall limit (EngineClientOptions.stallMs). */
   stallMs?: number;
   /** Every checkpoint path must lie in this directory (the engine's --checkpoint-root; default: the
-   * engine's ./runs). A trainer passes its run directory's parent. */
+   * parent of the directory holding `logFile`, i.e. the runs folder of a run's engine.log). */
   checkpointRoot?: string;
 }
 
@@ -124,7 +124,7 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   const python = opts.python ?? process.env["MARFT_PYTHON"] ?? resolve(REPO_ROOT, ".venv", "bin", "python");
   if (!existsSync(python)) {
     throw new Error(
-      `engine: python interpreter ${python} not found (run \`make setup\`, or set MARFT_PYTHON)`,
+      `engine: python interpreter ${python} not found (run \`make setup\` in a checkout or \`npx marft setup\` where marft is installed, or set MARFT_PYTHON)`,
     );
   }
   const token = randomBytes(24).toString("base64url");
@@ -134,7 +134,9 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   const args = ["-m", "marft_engine.server", "--host", "127.0.0.1", "--port", "0"];
   args.push("--parent-pid", String(process.pid), "--device", opts.device ?? "auto");
   if (opts.maxBatch !== undefined) args.push("--max-batch", String(opts.maxBatch));
-  if (opts.checkpointRoot !== undefined) args.push("--checkpoint-root", resolve(opts.checkpointRoot));
+  // a run directory's engine.log lies in the run directory: its parent holds the run's checkpoints
+  const root = opts.checkpointRoot ?? dirname(dirname(resolve(opts.logFile)));
+  args.push("--checkpoint-root", resolve(root));
   let child: ChildProcess;
   try {
     child = spawn(python, args, {

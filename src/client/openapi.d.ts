@@ -341,6 +341,12 @@ export interface components {
             pad_token_id: number;
             /** Source */
             source: string;
+            /**
+             * Tools
+             * @description the chat template renders tool definitions (SampleRequest.tools)
+             * @default false
+             */
+            tools?: boolean;
             /** Vocab Size */
             vocab_size: number;
         };
@@ -351,13 +357,38 @@ export interface components {
         };
         /** ChatMessage */
         ChatMessage: {
-            /** Content */
-            content: string;
+            /**
+             * Content
+             * @description required, except for an assistant message with tool_calls
+             */
+            content?: string | null;
+            /**
+             * Name
+             * @description tool: the function's name
+             */
+            name?: string | null;
             /**
              * Role
              * @enum {string}
              */
-            role: "system" | "user" | "assistant";
+            role: "system" | "user" | "assistant" | "tool";
+            /**
+             * Token Ids
+             * @description assistant only: the ids this message was sampled as (a completion's response_ids); the prompt then holds these ids verbatim where the template puts the content, instead of a re-tokenization of the text (token-in, token-out; see chat.py)
+             */
+            token_ids?: number[] | null;
+            /**
+             * Tool Call Id
+             * @description tool: the call this message answers
+             */
+            tool_call_id?: string | null;
+            /**
+             * Tool Calls
+             * @description assistant: tool calls as the chat template reads them ({type, function: {name, arguments}})
+             */
+            tool_calls?: {
+                [key: string]: unknown;
+            }[] | null;
         };
         /** CheckpointRequest */
         CheckpointRequest: {
@@ -835,6 +866,13 @@ export interface components {
              * @description seeds this request's samples by (seed, sample index) alone, so they do not depend on the batch they share; default: derived from the batch seed and the request's position
              */
             seed?: number | null;
+            /**
+             * Tools
+             * @description tool definitions for the chat template (with messages; the base's template must render tools)
+             */
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
         };
         /** SampleResponse */
         SampleResponse: {
@@ -858,6 +896,11 @@ export interface components {
             completions: components["schemas"]["Completion"][];
             /** Prompt Ids */
             prompt_ids: number[];
+            /**
+             * Retokenized
+             * @description indices of messages whose token_ids could not be spliced (the template does not render their content verbatim once): those went in as re-tokenized text
+             */
+            retokenized?: number[];
         };
         /** SamplingParams */
         SamplingParams: {

@@ -20,6 +20,7 @@ export const SampleResponse = z.object({
   results: z.array(
     z.object({
       prompt_ids: z.array(int()),
+      retokenized: z.array(int()).optional(),
       adapter: z.string(),
       adapter_version: int(),
       completions: z.array(Completion),

@@ -3,6 +3,7 @@
 // only: its folder, and one line in each list below.
 import { z } from "zod";
 import type { TaskSuite } from "../flexmg/types.ts";
+import { AppTaskSchema, appNeedsTrainApp } from "./app/task.ts";
 import { CodeTaskSchema, codeSuite } from "./code/task.ts";
 import { resolveFrom } from "./datasets.ts";
 import { MathTaskSchema, mathSuite } from "./math/task.ts";
@@ -20,6 +21,7 @@ export const TaskSchema = z
     OrchestratedTaskSchema,
     MathTaskSchema,
     CodeTaskSchema,
+    AppTaskSchema,
   ])
   .describe("the task family the team trains on");
 
@@ -36,11 +38,20 @@ export function makeSuite(task: TaskConfig, baseDir: string): TaskSuite<unknown>
       return mathSuite(task, baseDir);
     case "code":
       return codeSuite(task, baseDir);
+    case "app":
+      return appNeedsTrainApp();
   }
 }
 
 /** The task with its file paths made absolute, so a resolved config in a run directory stands alone. */
 export function resolveTaskFiles(t: TaskConfig, baseDir: string): TaskConfig {
+  if (t.kind === "app") {
+    return {
+      ...t,
+      ...(t.trainFile !== undefined ? { trainFile: resolveFrom(baseDir, t.trainFile) } : {}),
+      ...(t.evalFile !== undefined ? { evalFile: resolveFrom(baseDir, t.evalFile) } : {}),
+    };
+  }
   if (t.kind !== "math" && t.kind !== "code") return t;
   return {
     ...t,

@@ -75,6 +75,8 @@ export interface RolloutStats {
   engineCalls: number;
   /** Rows per engine decode step while this rollout ran (engine-wide: other clients' rows count too). */
   meanDecodeBatch: number;
+  /** Episodes that failed and are left out (app episodes: the app threw or timed out); absent for envs. */
+  errors?: number;
 }
 
 export interface RolloutResult {

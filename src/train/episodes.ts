@@ -38,6 +38,37 @@ export function agentProfiles(c: RunConfig, greedy = false): Record<string, Agen
   return profiles;
 }
 
+/**
+ * Where a run's episodes come from: its tasks, and a way to play some of them with the engine's
+ * current adapters. An env suite (`envSource`) drives an `Env` per episode through the rollout; an
+ * app source (src/app) runs an unmodified agent app against the gateway and reads back the turns it
+ * recorded. Either way the trainer gets the same `Episode` records, and everything after the rollout
+ * (steps, credit, updates, evaluation) is the same code.
+ */
+export interface EpisodeSource {
+  readonly name: string;
+  readonly train: unknown[];
+  /** Held-out tasks, never trained on. */
+  readonly eval: unknown[];
+  /** Plays `tasks`, `samplesPerTask` episodes each, in task-major order (index = task * n + sample). */
+  play(r: Omit<PlayRequest, "suite">): Promise<RolloutResult>;
+}
+
+/** A task suite's episodes: one `Env` per episode, driven by the rollout. */
+export function envSource(suite: TaskSuite<unknown>): EpisodeSource {
+  return {
+    name: suite.name,
+    train: suite.train,
+    eval: suite.eval,
+    play: (r) => playEpisodes({ ...r, suite }),
+  };
+}
+
+/** The trainer takes a suite (the common case) or any other source of episodes. */
+export function asSource(s: TaskSuite<unknown> | EpisodeSource): EpisodeSource {
+  return "play" in s ? s : envSource(s);
+}
+
 export function playEpisodes(r: PlayRequest): Promise<RolloutResult> {
   const specs = agentSpecs(r.config);
   return rollout({

@@ -7,7 +7,7 @@ import type { ComputeEngine } from "../client/compute.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { MultiTaskSuite, partName } from "../envs/multi.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
-import { playEpisodes } from "./episodes.ts";
+import { asSource, type EpisodeSource } from "./episodes.ts";
 
 export interface ProblemResult {
   taskId: string;
@@ -39,7 +39,7 @@ export interface EvalResult {
 }
 
 /** The held-out problems to score: the first `n` (0: all), of each task in a multi-task run. */
-export function evalTasks(suite: TaskSuite<unknown>, n: number): unknown[] {
+export function evalTasks(suite: TaskSuite<unknown> | EpisodeSource, n: number): unknown[] {
   const first = <T>(xs: readonly T[]) => (n > 0 ? xs.slice(0, n) : [...xs]);
   if (!(suite instanceof MultiTaskSuite)) return first(suite.eval);
   return suite.parts.flatMap((p, part) => first(p.suite.eval).map((task) => ({ part, task })));
@@ -47,7 +47,7 @@ export function evalTasks(suite: TaskSuite<unknown>, n: number): unknown[] {
 
 export interface EvaluateOptions {
   engine: ComputeEngine;
-  suite: TaskSuite<unknown>;
+  suite: TaskSuite<unknown> | EpisodeSource;
   config: RunConfig;
   tasks: unknown[];
   greedy?: boolean;
@@ -61,10 +61,10 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   const t0 = performance.now();
   const greedy = o.greedy ?? true;
   const seed = o.seed ?? 0;
-  if (o.tasks.length === 0) throw new Error(`evaluate: task ${o.suite.name} has no held-out problems`);
-  const first = await playEpisodes({
+  const source = asSource(o.suite);
+  if (o.tasks.length === 0) throw new Error(`evaluate: task ${source.name} has no held-out problems`);
+  const first = await source.play({
     engine: o.engine,
-    suite: o.suite,
     config: o.config,
     tasks: o.tasks,
     samplesPerTask: 1,
@@ -98,9 +98,8 @@ export async function evaluate(o: EvaluateOptions): Promise<EvalResult> {
   }
   const k = o.k ?? 0;
   if (k > 0) {
-    const sampled = await playEpisodes({
+    const sampled = await source.play({
       engine: o.engine,
-      suite: o.suite,
       config: o.config,
       tasks: o.tasks,
       samplesPerTask: k,
@@ -138,10 +137,10 @@ export interface VoteResult {
 export async function majorityVote(o: EvaluateOptions & { k: number }): Promise<VoteResult> {
   const t0 = performance.now();
   if (!(Number.isInteger(o.k) && o.k >= 1)) throw new Error(`majorityVote: k must be >= 1, got ${o.k}`);
-  if (o.tasks.length === 0) throw new Error(`majorityVote: task ${o.suite.name} has no held-out problems`);
-  const r = await playEpisodes({
+  const source = asSource(o.suite);
+  if (o.tasks.length === 0) throw new Error(`majorityVote: task ${source.name} has no held-out problems`);
+  const r = await source.play({
     engine: o.engine,
-    suite: o.suite,
     config: o.config,
     tasks: o.tasks,
     samplesPerTask: o.k,
@@ -149,23 +148,23 @@ export async function majorityVote(o: EvaluateOptions & { k: number }): Promise<
     greedy: false,
     onProgress: o.onProgress,
   });
-  const votes = new Map<string, Map<string, { count: number; correct: boolean }>>();
-  for (const e of r.episodes) {
+  // per task (episodes come task-major: index = task * k + sample), answer -> votes
+  const votes = o.tasks.map(() => new Map<string, { count: number; correct: boolean }>());
+  for (const [i, e] of r.episodes.entries()) {
     const answers = e.info["answers"];
     if (typeof answers !== "object" || answers === null) {
-      throw new Error(`majorityVote: task ${o.suite.name} reports no answers in info() to vote on`);
+      throw new Error(`majorityVote: task ${source.name} reports no answers in info() to vote on`);
     }
     if (Object.values(answers).every((a) => a === null)) continue;
     const key = JSON.stringify(answers);
-    const tally = votes.get(e.taskId) ?? new Map<string, { count: number; correct: boolean }>();
-    votes.set(e.taskId, tally);
+    const tally = votes[Math.floor(i / o.k)]!;
     const v = tally.get(key) ?? { count: 0, correct: e.outcome.correct };
     v.count++;
     tally.set(key, v);
   }
-  const correct = o.tasks.map((t) => {
+  const correct = votes.map((tally) => {
     let best: { count: number; correct: boolean } | undefined;
-    for (const v of votes.get(o.suite.taskId(t))?.values() ?? []) if (!best || v.count > best.count) best = v;
+    for (const v of tally.values()) if (!best || v.count > best.count) best = v;
     return best?.correct ?? false;
   });
   const { accuracy, ci95, n } = accuracyCi95(correct);

@@ -14,6 +14,7 @@ export function rolloutMetrics(stats: RolloutStats, staleTurns: number): Metrics
     "rollout/engine_calls": stats.engineCalls,
     "rollout/mean_decode_batch": stats.meanDecodeBatch,
     "rollout/stale_turns": staleTurns,
+    ...(stats.errors !== undefined ? { "episodes/errors": stats.errors } : {}),
   };
 }
 

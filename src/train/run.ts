@@ -10,6 +10,7 @@ import { configToYaml } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { EngineUnreachableError, MarftError, RunStoppedError } from "../errors.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
+import type { EpisodeSource } from "./episodes.ts";
 import type { EvalResult } from "./evaluate.ts";
 import { evalMetrics } from "./metrics.ts";
 import type { MetricsRow, ProgressEvent } from "./phases.ts";
@@ -36,7 +37,8 @@ export interface TrainOptions {
   resume?: boolean;
   /** Starts (or connects to) an engine; called again to restart one that died. */
   connect: () => Promise<EngineHandle>;
-  suite: TaskSuite<unknown>;
+  /** The tasks and where episodes come from: a task suite (an Env per episode) or another source (an app). */
+  suite: TaskSuite<unknown> | EpisodeSource;
   /** One line of news for a person (engine restarts, zero-advantage warnings, eval results). */
   log?: (line: string) => void;
   /** Called after each phase, for progress bars. */

@@ -19,6 +19,7 @@ import { MultiTaskSuite, partName } from "../envs/multi.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
 import { mixSeed, Rng, type RngState } from "../rng.ts";
 import type { Episode } from "../rollout/index.ts";
+import type { EpisodeSource } from "./episodes.ts";
 import type { MetricsRow } from "./phases.ts";
 import { tasksAt } from "./schedule.ts";
 
@@ -85,7 +86,7 @@ export class TaskSource {
 
   constructor(
     private readonly c: RunConfig,
-    private readonly suite: TaskSuite<unknown>,
+    private readonly suite: TaskSuite<unknown> | EpisodeSource,
     state: { dataCursor: number; scheduler?: SchedulerState },
   ) {
     this.cursor = state.dataCursor;

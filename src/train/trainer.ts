@@ -17,7 +17,7 @@ import type { TaskSuite } from "../flexmg/types.ts";
 import { Rng } from "../rng.ts";
 import { checkStaleness } from "../rollout/index.ts";
 import { type Batch, sampleBatch } from "./dynamic.ts";
-import { playEpisodes } from "./episodes.ts";
+import { asSource, type EpisodeSource } from "./episodes.ts";
 import { type EvalResult, evalTasks, evaluate } from "./evaluate.ts";
 import * as metrics from "./metrics.ts";
 import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
@@ -62,13 +62,20 @@ export class Trainer {
   private readonly log: (line: string) => void;
   private readonly onProgress: (e: ProgressEvent) => void;
 
+  /** The tasks, and where the episodes of the rollout come from (an env suite, an app). */
+  readonly suite: EpisodeSource;
+  /** The suite as given: a multi-task suite keeps its parts for the scheduler and evaluation. */
+  private readonly given: TaskSuite<unknown> | EpisodeSource;
+
   constructor(
     readonly config: RunConfig,
-    readonly suite: TaskSuite<unknown>,
+    suite: TaskSuite<unknown> | EpisodeSource,
     readonly engine: ComputeEngine,
     opts: TrainerOptions = {},
   ) {
-    if (suite.train.length === 0) throw new Error(`task ${suite.name}: the train split is empty`);
+    this.given = suite;
+    this.suite = asSource(suite);
+    if (this.suite.train.length === 0) throw new Error(`task ${this.suite.name}: the train split is empty`);
     this.state = opts.state ?? {
       iteration: 0,
       dataCursor: 0,
@@ -171,9 +178,8 @@ export class Trainer {
       dynamic: c.train.dynamicSampling,
       next: (count) => this.tasks.next(count),
       play: (tasks) =>
-        playEpisodes({
+        this.suite.play({
           engine: this.engine,
-          suite: this.suite,
           config: c,
           tasks,
           samplesPerTask: c.train.samplesPerTask,
@@ -302,7 +308,7 @@ export class Trainer {
       engine: this.engine,
       suite: this.suite,
       config: c,
-      tasks: evalTasks(this.suite, c.eval.n),
+      tasks: evalTasks(this.given, c.eval.n),
       greedy: c.eval.greedy,
       k: c.eval.k,
       // eval seeds are fixed, not drawn from the loop's PRNG: evaluating must not change training

@@ -96,7 +96,9 @@ export class FakeEngine implements ComputeEngine {
       this.calls.push({ endpoint: "sample", adapter: req.adapter, rows: 1 });
       const text = this.textFor(req);
       const ids = [...text].map((ch) => ch.charCodeAt(0) % 256);
-      const prompt = (req.messages ?? []).flatMap((m) => [...m.content].map((ch) => ch.charCodeAt(0) % 256));
+      const prompt = (req.messages ?? []).flatMap((m) =>
+        [...(m.content ?? "")].map((ch) => ch.charCodeAt(0) % 256),
+      );
       return {
         prompt_ids: [1, ...prompt, 2],
         adapter: req.adapter,

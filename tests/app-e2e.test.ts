@@ -1,0 +1,125 @@
+// An unmodified two-agent app (examples/openai-duo: the `openai` package, a solver then a checker)
+// trains end to end through the gateway on the synthetic cooperative task `secret`, from a tiny
+// random-init model on CPU; then `marft serve` on the run directory serves the trained team, and
+// the app run against it behaves as trained.
+//
+// The stated test. Chance: the untrained team is right ~1/4 of the time (its first three
+// iterations); a checker that ignores the solver is right at most 1/2 (one letter class; over the
+// 192 episodes of three iterations, 3 standard errors reach ~0.61). So a last-three-iterations
+// reward above 0.75, with a one-sided binomial test against the first three iterations' rate at
+// p < 0.01, means the team communicates: the checker decodes what the solver says.
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import OpenAI from "openai";
+import { afterAll, describe, expect, it } from "vitest";
+import * as openaiDuo from "../examples/openai-duo/app.ts";
+import { checkerPrompt, score, solverPrompt, tasks } from "../examples/secret.ts";
+import { trainApp } from "../src/app/train-app.ts";
+import { RunDir } from "../src/train/rundir.ts";
+import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+
+const ROOT = join(import.meta.dirname, "..");
+const dir = join(mkdtempSync(join(tmpdir(), "marft-app-e2e-")), "run");
+let server: ChildProcess | undefined;
+afterAll(() => {
+  server?.kill("SIGKILL");
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** P(X >= k) for X ~ Binomial(n, p), summed in log space. */
+function binomialUpperTail(k: number, n: number, p: number): number {
+  const logC = (m: number, j: number) => {
+    let s = 0;
+    for (let i = 1; i <= j; i++) s += Math.log((m - j + i) / i);
+    return s;
+  };
+  let total = 0;
+  for (let j = k; j <= n; j++) total += Math.exp(logC(n, j) + j * Math.log(p) + (n - j) * Math.log1p(-p));
+  return Math.min(1, total);
+}
+
+const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+
+/** `marft serve <run dir>`: resolves to its base URL once it prints it. */
+function serve(runDir: string, token: string): Promise<string> {
+  server = spawn(
+    process.execPath,
+    [join(ROOT, "bin", "marft.mjs"), "serve", runDir, "--port", "0", "--token", token],
+    {
+      cwd: ROOT,
+      env: { ...process.env, ...TEST_ENGINE_ENV },
+      stdio: ["ignore", "pipe", "inherit"],
+    },
+  );
+  return new Promise((resolve, reject) => {
+    const lines = createInterface({ input: server!.stdout! });
+    lines.on("line", (line) => {
+      const m = /base URL: (\S+)/.exec(line);
+      if (m) resolve(m[1]!);
+    });
+    server!.once("exit", (code) => reject(new Error(`marft serve exited (${code}) before it was ready`)));
+  });
+}
+
+describe("an unmodified app trains end to end through the gateway (tiny model, CPU)", () => {
+  it("the openai-package duo learns `secret` beyond chance, and serving its checkpoint reproduces it", async () => {
+    const summary = await trainApp({
+      config: join(ROOT, "examples", "team.yaml"),
+      tasks,
+      run: openaiDuo.run,
+      runDir: dir,
+      set: ["train.checkpointEvery=0", "engine.threads=1"],
+    });
+    const rows = new RunDir(dir).readMetrics();
+    const reward = rows.map((r) => r["reward/mean"]!);
+    console.log(`app duo: reward per iteration ${reward.map((x) => x.toFixed(2)).join(" ")}`);
+    const episodes = 16 * 4;
+    const p0 = mean(reward.slice(0, 3));
+    const last = mean(reward.slice(-3));
+    const n = 3 * episodes;
+    expect(rows.every((r) => r["episodes/errors"] === 0)).toBe(true);
+    expect(binomialUpperTail(Math.round(last * n), n, p0)).toBeLessThan(0.01);
+    expect(last - p0, `reward curve ${reward.join(", ")}`).toBeGreaterThan(0.45);
+    expect(last).toBeGreaterThan(0.75);
+    expect(mean(rows.slice(-3).map((r) => r["reward/solver"]!))).toBeGreaterThan(0.8);
+    expect(summary.eval.after!.accuracy).toBeGreaterThan(0.75);
+
+    // Serve the trained team from the run directory (its checkpoint) in a fresh process and engine.
+    const token = "e2e-serve-token";
+    const url = await serve(dir, token);
+    const client = new OpenAI({ baseURL: url, apiKey: token });
+    // greedy, the app's own requests: the trainer's final evaluation, reproduced answer for answer
+    let right = 0;
+    for (const task of tasks.eval) {
+      const ask = async (model: string, content: string) =>
+        (
+          await client.chat.completions.create({
+            model,
+            temperature: 0,
+            messages: [
+              { role: "system", content: "" },
+              { role: "user", content },
+            ],
+          })
+        ).choices[0]!.message.content ?? "";
+      const said = await ask("solver", solverPrompt(task));
+      right += score(task, said, await ask("checker", checkerPrompt(said))).teamReward;
+    }
+    expect(right / tasks.eval.length).toBe(summary.eval.after!.accuracy);
+    // and the unmodified app, sampling as it trained, earns what it earned at the end of training
+    const served = await Promise.all(
+      tasks.eval.map((task) => openaiDuo.run(task, { baseURL: url, apiKey: token, headers: {} })),
+    );
+    const servedReward = mean(served.map((r) => r.teamReward));
+    console.log(
+      `served: greedy accuracy ${right / tasks.eval.length}, sampled reward ${servedReward.toFixed(2)}`,
+    );
+    expect(servedReward).toBeGreaterThan(0.75);
+    server!.kill("SIGTERM");
+    const code = await new Promise<number | null>((resolve) => server!.once("exit", resolve));
+    expect(code).toBe(0);
+  }, 1_800_000);
+});
