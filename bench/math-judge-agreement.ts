@@ -8,8 +8,8 @@
 //
 // Judges, each fed a pair the way it is used:
 //   ts           the TypeScript checker alone: extractAnswer on both sides in its most lenient mode
-//                (box, "the answer is", last math span, last number; a side with none is taken
-//                whole), then checkAnswer
+//                (box, "the answer is", last math span, last number unless the test extracts LaTeX
+//                only; a side with none is taken whole), then checkAnswer
 //   hybrid       the same, and where the TypeScript checker is not certain and the response commits
 //                to an answer, Math-Verify on the raw pair (gradeResponse: the training reward's
 //                judge when Python is there)
@@ -65,12 +65,17 @@ function parseArgs(argv: string[]): { file: string; judges: Judge[]; misses: boo
   return { file, judges, misses };
 }
 
-/** The free-form extraction the suites test: box, "the answer is", last math span, last number. */
-const LENIENT = { lastMath: true, lastNumber: true };
+/**
+ * The free-form extraction the suites test: box, "the answer is", last math span, last number. A test
+ * that has Math-Verify extract LaTeX only (match_types ["latex"]) gets no last-number fallback either.
+ */
+function lenient(p: Pair): { lastMath: boolean; lastNumber: boolean } {
+  return { lastMath: true, lastNumber: p.opts.match_types?.includes("expr") ?? true };
+}
 
 /** A suite of bare answers (hendrycks) is graded as answers; the others' sides are responses. */
-function answerOf(text: string, bare: boolean | undefined): string {
-  return bare ? text : (extractAnswer(text, LENIENT) ?? text);
+function answerOf(text: string, p: Pair): string {
+  return p.opts.bare ? text : (extractAnswer(text, lenient(p)) ?? text);
 }
 
 async function verdict(
@@ -85,12 +90,12 @@ async function verdict(
     return r.ok ? { equal: r.equal, note: "" } : { equal: false, note: r.reason };
   }
   // gradeResponse, with the gold side given as the suite gives it (often a response itself)
-  const pred = answerOf(p.pred, bare);
-  const gold = answerOf(p.gold, bare);
+  const pred = answerOf(p.pred, p);
+  const gold = answerOf(p.gold, p);
   const own = await checkAnswer(pred, gold, { timeoutMs: 5000 });
   const note = `${JSON.stringify(pred.slice(0, 80))} vs ${JSON.stringify(gold.slice(0, 80))}`;
   // as gradeResponse with lastNumber: Math-Verify only for a response that has an answer to find
-  const committed = bare || extractAnswer(p.pred, LENIENT) !== null;
+  const committed = bare || extractAnswer(p.pred, lenient(p)) !== null;
   if (judge === "ts" || own.result.equal || own.certain || !committed) {
     return {
       equal: own.result.equal,

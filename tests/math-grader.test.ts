@@ -4,6 +4,7 @@ import fc from "fast-check";
 import { afterAll, describe, expect, it } from "vitest";
 import { datasetsDir } from "../src/envs/datasets.ts";
 import { gradeAnswer } from "../src/envs/math/grader.ts";
+import { orderPrescribed } from "../src/envs/math/list-order.ts";
 import { closeSharedSymbolicPool, SymbolicPool } from "../src/envs/math/pool.ts";
 import { GRADER_TABLE } from "./fixtures/math/grader-table.ts";
 
@@ -133,5 +134,45 @@ describe("gradeAnswer: properties", () => {
       }),
       { numRuns: 300, seed: 4 },
     );
+  });
+});
+
+describe("gradeAnswer: bare lists and the question", () => {
+  const opts = { mathVerify: false } as const;
+  const roots =
+    "Find the roots of $6x^4+19x^3-51x^2+20x$. Enter your answer as a list of numbers separated by commas.";
+  const scores = "List Trisha's five test scores from the greatest to the least, separated by commas.";
+
+  it("a question that asks for no order makes a bare list a set", async () => {
+    const [pred, gold] = ["-5, 0, \\frac12, \\frac43", "0, \\frac{1}{2}, \\frac{4}{3}, -5"];
+    expect((await gradeAnswer(pred, gold, { ...opts, question: roots })).equal).toBe(true);
+    // without it, a gold written in no sorted order is read in order
+    expect((await gradeAnswer(pred, gold, opts)).equal).toBe(false);
+  });
+
+  it("a question that prescribes an order makes it a sequence", async () => {
+    const [pred, gold] = ["70, 73, 85, 88, 89", "89, 88, 85, 73, 70"];
+    expect((await gradeAnswer(pred, gold, { ...opts, question: scores })).equal).toBe(false);
+    expect((await gradeAnswer(gold, gold, { ...opts, question: scores })).equal).toBe(true);
+    expect((await gradeAnswer(pred, gold, opts)).equal).toBe(true);
+  });
+
+  it("reads an order only from what the question says about the answer", () => {
+    expect(orderPrescribed("List your answers in increasing order separated by commas.")).toBe(true);
+    expect(
+      orderPrescribed("Answer by listing your choices in alphabetical order, separated by commas."),
+    ).toBe(true);
+    expect(
+      orderPrescribed(
+        "When writing your answer, first write the length of $BP$, then a comma, and then $QT$.",
+      ),
+    ).toBe(true);
+    expect(orderPrescribed("Enter the values $a,$ $b,$ $c,$ separated by commas, in any order.")).toBe(false);
+    expect(
+      orderPrescribed(
+        "Find all $a$ such that $\\cos a,$ $\\cos 2a,$ and $\\cos 3a$ form an arithmetic sequence, in that order. Enter the solutions, separated by commas, in degrees.",
+      ),
+    ).toBe(false);
+    expect(orderPrescribed(roots)).toBe(false);
   });
 });

@@ -147,7 +147,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
     this.team.record(agent, text); // synchronous, before any await (TeamEpisode's contract)
     if (this.answering.has(agent)) {
       const answer = extractWith(this.extract, text);
-      this.checks.push({ agent, answer, result: this.grade(text, answer, problem.answer) });
+      this.checks.push({ agent, answer, result: this.grade(text, answer, problem) });
     }
     if (this.team.graph.kind === "dynamic") this.scheduleNamed(text);
     if (!this.team.stepComplete()) return;
@@ -217,13 +217,15 @@ export class MathEnv extends TeamEnv<MathProblem> {
   /**
    * The reward's judge. "boxed": the boxed answer alone. Otherwise the whole response: the TypeScript
    * checker on the answer it commits to, and Math-Verify on the response where that is not certain
-   * (src/envs/math/grader.ts); no answer in the form asked for is never rewarded.
+   * (src/envs/math/grader.ts), given the question; no answer in the form asked for is never rewarded.
    */
-  private grade(text: string, answer: string | null, gold: string): Promise<GradeResult | null> {
+  private grade(text: string, answer: string | null, problem: MathProblem): Promise<GradeResult | null> {
     if (answer === null && this.extract !== "last-number") return Promise.resolve(null);
-    if (this.extract === "boxed") return gradeAnswer(answer!, gold, { timeoutMs: this.timeoutMs });
-    return gradeResponse(text, gold, {
-      timeoutMs: this.timeoutMs,
+    // the question says whether a bare list's order counts ("Enter all the solutions" does not)
+    const opts = { timeoutMs: this.timeoutMs, question: problem.problem };
+    if (this.extract === "boxed") return gradeAnswer(answer!, problem.answer, opts);
+    return gradeResponse(text, problem.answer, {
+      ...opts,
       lastNumber: this.extract === "last-number",
     });
   }

@@ -15,6 +15,7 @@ import {
   splitTopLevel,
 } from "./normalize.ts";
 import { latexToExpr } from "./latex-expr.ts";
+import { readLists } from "./list-order.ts";
 import { type SymbolicPair, type SymbolicPool, sharedSymbolicPool } from "./pool.ts";
 
 export interface GradeOptions {
@@ -32,6 +33,11 @@ export interface GradeOptions {
    * process-wide one, when $MARFT_MATH_VERIFY is not "0"), or false for the TypeScript checker alone.
    */
   mathVerify?: MathVerifyPool | false;
+  /**
+   * The problem the answer is for. A bare list ("1, -2") is then a set unless the question asks for
+   * an order ("in increasing order"); without it, the written order decides (list-order.ts).
+   */
+  question?: string;
 }
 
 export interface GradeResult {
@@ -145,8 +151,7 @@ export async function checkAnswer(
   }
 
   const [pp, gg] = decimalCommas(p, g);
-  const tp = parseAnswer(pp);
-  const tg = parseAnswer(gg);
+  const [tp, tg] = readLists(parseAnswer(pp), parseAnswer(gg), opts.question);
   // Phase 1: every scalar comparison the structures need, decided cheaply where possible.
   const table = new ScalarTable();
   if (!collect(tp, tg, table)) {

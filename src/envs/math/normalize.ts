@@ -169,8 +169,11 @@ export type AnswerNode =
   | { t: "eq"; lhs: string; rhs: string }
   /** ordered: a tuple, an interval, a vector or a matrix row; open/close are the brackets */
   | { t: "seq"; open: string; close: string; items: AnswerNode[] }
-  /** unordered: a bare list "1, -2", a set \{...\}, the two values of \pm, the pieces of a union */
-  | { t: "set"; union: boolean; items: AnswerNode[] };
+  /**
+   * unordered: a bare list "1, -2" (bare: true; see list-order.ts for when one is read in order), a
+   * set \{...\}, the two values of \pm, the pieces of a union
+   */
+  | { t: "set"; union: boolean; bare?: boolean; items: AnswerNode[] };
 
 const SYMBOL = "(?:[a-zA-Z]|\\\\[a-zA-Z]+)(?:_\\{?\\w+\\}?)?";
 const SINGLE_SYMBOL = new RegExp(`^${SYMBOL}$`);
@@ -300,7 +303,8 @@ export function parseAnswer(s: string, depth = 0): AnswerNode {
     }
   }
   const list = splitTopLevel(s, ",");
-  if (list.length > 1) return { t: "set", union: false, items: list.map((p) => parseAnswer(p, depth + 1)) };
+  if (list.length > 1)
+    return { t: "set", union: false, bare: true, items: list.map((p) => parseAnswer(p, depth + 1)) };
   const pm = /\\(?:pm|mp)(?![a-zA-Z])/.exec(s);
   if (pm && splitTopLevel(s, pm[0]).length === 2) {
     const [a, b] = splitTopLevel(s, pm[0]) as [string, string];
