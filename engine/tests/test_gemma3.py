@@ -23,7 +23,7 @@ from marft_engine.schemas import (
 def test_gemma3_loads_continues_prompts_and_trains() -> None:
     eng = Engine(device="cpu")
     try:
-        info = eng.create_base(BaseCreate(name="g", source="pkg:gemma3-270m"))
+        info = eng.create_base(BaseCreate(name="g", source="pkg:gemma3-270m", dtype="float32"))
         assert info.vocab_size == 262144 and info.num_parameters > 250_000_000
         assert info.context_length == 512  # capped at the sliding window (models.context_length)
         base = eng.bases["g"]

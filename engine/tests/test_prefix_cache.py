@@ -31,7 +31,7 @@ def twin() -> Engine:
     two policies."""
     e = Engine(device="cpu", max_batch=64)
     for name, mb in [("off", 0.0), ("on", 6 * BLOCK_BYTES / 2**20)]:
-        e.create_base(BaseCreate(name=name, source="tiny:llama", seed=0, prefix_cache_mb=mb))
+        e.create_base(BaseCreate(name=name, source="tiny:llama", seed=0, prefix_cache_mb=mb, dtype="float32"))
         add_policy(e, f"A-{name}", base=name, seed=1)
         add_policy(e, f"B-{name}", base=name, seed=2)
     yield e
