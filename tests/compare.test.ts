@@ -72,12 +72,15 @@ describe("built-in variants change what their name says", () => {
     expect(c.algo.rewardRouting).toEqual({ kind: "per-role", roles: { listener: "team" } });
     expect(c.algo.normalize).toBe(true); // normalize: [listener] named it
     expect(c.train.schedule).toBe("joint");
+    // the demo's step rewards belong to the stepper, whom the single agent replaces
+    const demo = variant("demo.yaml", "single-agent");
+    expect(demo.task?.kind === "math" && demo.task.options.stepRoles).toBe(undefined);
   });
 
   it("anonymous: one neutral prompt; the other agents see positions, not roles; rewards still by role", async () => {
     const c = variant("demo.yaml", "anonymous");
     expect(new Set(c.agents.map((a) => a.systemPrompt))).toEqual(new Set([neutral.neutralPrompt]));
-    expect(c.agents.map((a) => a.role)).toEqual(["reasoner", "actor"]);
+    expect(c.agents.map((a) => a.role)).toEqual(["stepper", "actor"]);
     const s = variant("tiny-secret.yaml", "anonymous");
     const env = runSuite(s, CONFIGS).makeEnv(agentSpecs(s), s.graph);
     await env.reset(runSuite(s, CONFIGS).train[0], 0);
@@ -158,7 +161,7 @@ describe("planning the cells", () => {
 /** A generated arithmetic math task on disk, and a spec over the demo team on it. */
 function mathSpecDir(): string {
   const dir = mkdtempSync(join(tmpdir(), "marft-cmp-"));
-  const d = arithmeticSplits(0, 64, 8);
+  const d = arithmeticSplits(0, 64, 8, "two-step"); // the demo team's stepper is paid for the first step
   const jsonl = (ps: typeof d.train) => ps.map((p) => JSON.stringify(p)).join("\n");
   writeFileSync(join(dir, "train.jsonl"), jsonl(d.train));
   writeFileSync(join(dir, "eval.jsonl"), jsonl(d.eval));

@@ -133,6 +133,20 @@ describe("the npm package", () => {
       "usage: marft setup",
     );
 
+    // the dashboard's browser code ships as source and is bundled when a page is first rendered
+    const page = run(
+      process.execPath,
+      [
+        "--input-type=module",
+        "-e",
+        'const { renderPage } = await import("./node_modules/marft/dist/dashboard/page.js"); ' +
+          'process.stdout.write(renderPage({ mode: "live" }).html);',
+      ],
+      project,
+    );
+    expect(page).toContain("<script>");
+    expect(page.length).toBeGreaterThan(20_000); // uPlot and the client inlined
+
     writeFileSync(join(project, "consumer.ts"), CONSUMER_TS);
     writeFileSync(
       join(project, "tsconfig.json"),

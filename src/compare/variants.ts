@@ -41,11 +41,26 @@ function singleAgent(c: RunConfig): RunConfig {
   const graph = (g: RunConfig["graph"]): RunConfig["graph"] =>
     g.kind === "dynamic" ? g : { kind: "sequential" };
   const { turns: _turns, ...train } = c.train;
+  // the single agent answers alone: step rewards for the roles that computed intermediate results go
+  const solo = <T extends RunConfig["task"]>(t: T): T => {
+    if (t?.kind !== "math" || t.options.stepRoles === undefined) return t;
+    const { stepRoles: _steps, ...options } = t.options;
+    return { ...t, options };
+  };
   return {
     ...c,
     agents: [agent],
     graph: graph(c.graph),
-    ...(c.tasks ? { tasks: c.tasks.map((t) => (t.graph ? { ...t, graph: graph(t.graph) } : t)) } : {}),
+    ...(c.task ? { task: solo(c.task) } : {}),
+    ...(c.tasks
+      ? {
+          tasks: c.tasks.map((t) => ({
+            ...t,
+            task: solo(t.task),
+            ...(t.graph ? { graph: graph(t.graph) } : {}),
+          })),
+        }
+      : {}),
     algo: { ...c.algo, rewardRouting: routing, normalize },
     train: { ...train, schedule: "joint" },
   };

@@ -306,7 +306,7 @@ export class Trainer {
     const c = this.config;
     return evaluate({
       engine: this.engine,
-      suite: this.suite,
+      suite: this.given,
       config: c,
       tasks: evalTasks(this.given, c.eval.n),
       greedy: c.eval.greedy,
