@@ -31,6 +31,7 @@ from .schemas import (
     OptimStepRequest,
     OptimStepResponse,
 )
+from .shards import CallTotals, value_summary
 
 # Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches).
 LOGITS_BUDGET = 2**25
@@ -308,17 +309,6 @@ def _value(mb: MicroBatch, body: ForwardBackwardRequest, st: CallStats) -> torch
     return loss
 
 
-def _value_summary(stats: dict[str, float]) -> None:
-    """Weighted means of squares -> the variances and explained variance they give."""
-    mean_r = stats["return_mean"]
-    var_r = stats.pop("return_sq") - mean_r**2
-    mean_res = stats.pop("residual")
-    var_res = stats.pop("residual_sq") - mean_res**2
-    stats["return_var"] = var_r
-    stats["residual_var"] = var_res
-    stats["explained_variance"] = 1.0 - var_res / var_r if var_r > 1e-12 else 0.0
-
-
 @dataclass(frozen=True)
 class Loss:
     trains: Literal["policy", "critic"]  # the adapter kind it trains
@@ -336,12 +326,14 @@ LOSSES: dict[str, Loss] = {
         "critic",
         lambda body: ["returns"] + (["old_values"] if body.value.clip is not None else []),
         _value,
-        _value_summary,
+        value_summary,
     ),
 }
 
 
-def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
+def forward_backward(
+    registry: Registry, body: ForwardBackwardRequest, call: CallTotals | None = None
+) -> ForwardBackwardResponse:
     adapter = registry.get_adapter(body.adapter)
     base = adapter.base
     loss = LOSSES[body.loss]
@@ -354,11 +346,12 @@ def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> Forwar
 
     # Normalisers over the whole call, so micro-batch gradients sum to the full-batch gradient.
     all_w = [(d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data]
-    total_w = float(sum(sum(w) for w in all_w))
+    own_w = float(sum(sum(w) for w in all_w))
+    total_w, n_data = (call.weight, call.data) if call is not None else (own_w, len(data))
     if total_w <= 0:
         raise BadRequest("data[*].weights: no token has a positive weight")
     agg = body.ppo.aggregation
-    norm = total_w if agg == "token-mean" else float(len(data))
+    norm = total_w if agg == "token-mean" else float(n_data)
     st = CallStats()
     total_loss = 0.0
     groups = micro_batches(data, body.micro_batch_tokens, base, critic=loss.trains == "critic")
@@ -369,10 +362,10 @@ def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> Forwar
         (part * body.loss_scale).backward()
         total_loss += float(part.detach())
     stats = {k: v / total_w for k, v in st.sums.items()}
-    if loss.summary is not None:
+    if loss.summary is not None and call is None:
         loss.summary(stats)
     stats["tokens"] = float(sum(sum(1 for x in ws if x > 0) for ws in all_w))
-    stats["weight_sum"] = total_w
+    stats["weight_sum"] = own_w
     stats["micro_batches"] = float(len(groups))
     tokens = int(sum(len(d.tokens) for d in data))
     return ForwardBackwardResponse(loss=total_loss, stats=stats, num_data=len(data), num_tokens=tokens)
