@@ -302,6 +302,19 @@ class EndpointStats(Strict):
     seconds: float
 
 
+class ReplicaStats(Strict):
+    index: int
+    pid: int
+    node: str = Field(description="IP address of the node it runs on")
+    restarts: int = Field(description="times this replica died and was replaced")
+    rss_bytes: int
+    tokens_sampled: int
+    tokens_trained: int
+    decode_steps: int
+    decode_rows: int
+    sample_calls: int = Field(description="sample calls the front routed to this replica")
+
+
 class Stats(Strict):
     device: str
     rss_bytes: int
@@ -314,6 +327,11 @@ class Stats(Strict):
         description="rows those steps computed: decode_rows / decode_steps is the mean decode batch"
     )
     endpoints: dict[str, EndpointStats]
+    replicas: list[ReplicaStats] | None = Field(
+        None,
+        description="an engine of several replicas (engine.replicas): each one's figures; the figures "
+        "above are their sums",
+    )
 
 
 class ErrorBody(Strict):
