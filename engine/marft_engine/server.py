@@ -1,7 +1,8 @@
 """The engine's HTTP server: FastAPI routes over one `Engine`, bearer auth, JSON errors, process life.
 
 Run: python -m marft_engine.server --host 127.0.0.1 --port 0 [--device auto|cpu|cuda]
-     [--parent-pid PID] [--max-batch 64]
+     [--parent-pid PID] [--max-batch 64] [--replicas N [--ray-address ADDR] [--replica-cpus C]
+     [--replica-gpus G] [--replica-threads T]]
 When listening it prints one JSON line to stdout: {"event": "ready", "url": "http://127.0.0.1:PORT"}.
 """
 
@@ -53,6 +54,7 @@ from .schemas import (
 
 if TYPE_CHECKING:
     from .engine import Engine  # imported in main(): the OpenAPI document needs no torch
+    from .replicas import ReplicaGroup  # the same methods, over several engine replicas
 
 log = logging.getLogger("marft_engine")
 P = ParamSpec("P")
@@ -103,7 +105,7 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_app(engine: Engine | None, token: str) -> FastAPI:
+def create_app(engine: Engine | ReplicaGroup | None, token: str) -> FastAPI:
     """The app over `engine` (None: routes exist for the OpenAPI document but answer 503)."""
     app = FastAPI(title="MARFT engine", version=__version__, responses=ERROR_RESPONSES)
     endpoint_stats: dict[str, list[float]] = {}
@@ -145,7 +147,7 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
         log.exception("internal error")
         return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
-    def need() -> Engine:
+    def need() -> Engine | ReplicaGroup:
         if engine is None:
             raise Unavailable("no engine behind this app")
         return engine
@@ -251,7 +253,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=64, help="most rows in one decode batch")
     parser.add_argument("--log-level", default="info")
+    group = parser.add_argument_group("replicas (on Ray; without these flags: one engine in this process)")
+    group.add_argument("--replicas", type=int, default=1, help="engine replicas, each a Ray actor")
+    group.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster (default: start a local one)"
+    )
+    group.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica")
+    group.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=None,
+        help="GPUs per replica (default: 1 if the cluster has enough)",
+    )
+    group.add_argument(
+        "--replica-threads", type=int, default=None, help="torch threads per replica (default: its CPUs)"
+    )
     args = parser.parse_args(argv)
+    if args.replicas < 1:
+        parser.error("--replicas: expected at least 1")
 
     logging.basicConfig(
         stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s"
@@ -263,9 +282,27 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from .engine import Engine
+    def stop() -> None:
+        server.should_exit = True
 
-    engine = Engine(device=args.device, max_batch=args.max_batch)
+    engine: Engine | ReplicaGroup
+    if args.replicas > 1 or args.ray_address is not None:
+        from .replicas import ReplicaGroup, ReplicaOptions
+
+        options = ReplicaOptions(
+            replicas=args.replicas,
+            device=args.device,
+            max_batch=args.max_batch,
+            cpus=args.replica_cpus,
+            gpus=args.replica_gpus,
+            threads=args.replica_threads,
+            address=args.ray_address,
+        )
+        engine = ReplicaGroup(options, on_lost=stop)  # when every replica died: stop, to be restarted
+    else:
+        from .engine import Engine
+
+        engine = Engine(device=args.device, max_batch=args.max_batch)
     app = create_app(engine, token)
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -291,9 +328,6 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     server = Server(config)
 
-    def stop() -> None:
-        server.should_exit = True
-
     if args.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(args.parent_pid, stop), daemon=True).start()
 
@@ -312,6 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve())
     engine.close()
     log.info("engine stopped")
+    if getattr(engine, "lost", False):
+        sys.exit(1)  # every replica died: not a clean stop
 
 
 if __name__ == "__main__":
