@@ -48,7 +48,15 @@ export function engineConnector(
     env["OMP_NUM_THREADS"] = String(c.engine.threads);
     env["MKL_NUM_THREADS"] = String(c.engine.threads);
   }
-  return () => startLocalEngine({ device: c.engine.device, logFile, env });
+  const { replicas, ray, replica } = c.engine;
+  const replicaOptions = {
+    count: replicas,
+    rayAddress: ray.address,
+    cpus: replica.cpus,
+    gpus: replica.gpus,
+    threads: replica.threads ?? c.engine.threads,
+  };
+  return () => startLocalEngine({ device: c.engine.device, logFile, env, replicas: replicaOptions });
 }
 
 /** Print a config error (exit 2) or rethrow anything else. */

@@ -6,6 +6,30 @@ import { z } from "zod";
 import { TaskSchema } from "../envs/tasks.ts";
 import { name, nonNegInt, nonNegNum, posInt, posNum, unit } from "../fields.ts";
 
+const Replica = z
+  .strictObject({
+    cpus: posNum()
+      .default(1)
+      .describe("CPUs Ray reserves for each replica (a local cluster gets replicas x cpus)"),
+    gpus: nonNegNum()
+      .optional()
+      .describe("GPUs per replica (default: 1 where the cluster has one for each replica, else 0)"),
+    threads: posInt()
+      .optional()
+      .describe("torch CPU threads per replica (default: engine.threads, else the replica's cpus)"),
+  })
+  .describe("resources of each engine replica (engine.replicas > 1)");
+
+const Ray = z
+  .strictObject({
+    address: name()
+      .optional()
+      .describe(
+        "address of an existing Ray cluster for the replicas (e.g. head-node:6379); omitted: the engine starts a local one",
+      ),
+  })
+  .describe("the Ray cluster the engine's replicas run on");
+
 const Engine = z
   .strictObject({
     url: z
@@ -21,6 +45,13 @@ const Engine = z
     threads: posInt()
       .optional()
       .describe("torch CPU threads of a locally started engine (default: torch's choice)"),
+    replicas: posInt()
+      .default(1)
+      .describe(
+        "engine replicas (Ray actors) behind one engine API, each holding every base and adapter: sample calls go to the least-loaded one, training is data-parallel over all; 1: one engine process, no Ray",
+      ),
+    ray: Ray.prefault({}),
+    replica: Replica.prefault({}),
   })
   .describe("where the compute engine runs");
 
@@ -433,6 +464,13 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
       path: ["train", "samplesPerTask"],
       message: "expected at least 2 samples per task for group-relative (critic-free) baselines",
       input: c.train.samplesPerTask,
+    });
+  if (c.engine.url && (c.engine.replicas > 1 || c.engine.ray.address))
+    ctx.addIssue({
+      code: "custom",
+      path: ["engine", c.engine.replicas > 1 ? "replicas" : "ray"],
+      message: "replicas are set where the CLI starts the engine; the engine at engine.url has its own",
+      input: c.engine.replicas,
     });
   if (c.algo.rewardRouting.kind === "per-role") {
     const roles = new Set(c.agents.map((a) => a.role));
