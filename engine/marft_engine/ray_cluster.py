@@ -106,7 +106,7 @@ class ReplicaOptions:
             return self.gpus
         if self.device == "cpu":
             return 0.0
-            return 1.0 if ray.cluster_resources().get("GPU", 0.0) >= self.replicas else 0.0
+        return 1.0 if ray.cluster_resources().get("GPU", 0.0) >= self.replicas else 0.0
 
 
 class ReplicaActor:
