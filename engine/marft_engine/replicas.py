@@ -4,9 +4,12 @@ methods, so server.py serves it unchanged and the HTTP protocol is the same.
 Each replica is a Ray actor (replica.py) holding every base and adapter. The front
 - makes every change of state (bases, adapters, optimizer steps, checkpoint loads) on all replicas,
   one change at a time (`lock`), each with a sequence number;
-- routes each sample call, whole, to the replica with the fewest rows in flight. A call's seeds
-  travel with it and one without a batch seed gets one drawn from replica 0's RNG (as one engine
-  draws it from its own, saved in checkpoints), so its tokens do not depend on the replica;
+- routes each sample call to the replica with the fewest rows in flight. A call of several
+  requests that each carry a seed (the lock-step rollout's one call per round) is cut into one part
+  of consecutive requests per replica, so a round samples on all of them; a request's tokens depend
+  on its seed alone, so not on the part. A call's seeds travel with it and one without a batch seed
+  gets one drawn from replica 0's RNG (as one engine draws it from its own, saved in checkpoints),
+  so its tokens do not depend on the replica;
 - cuts forward and forward_backward calls by data into one shard per replica (shards.py). A
   forward_backward shard runs with the whole call's normalisers, optim_step sums the gradients over
   the replicas (torch.distributed: gloo on CPU, nccl on GPU) before clipping, and every replica
@@ -77,6 +80,30 @@ def _refusal(e: EngineError, offset: int = 0) -> EngineError:
     call's for a shard that starts at `offset`."""
     kind = next(k for k in type(e).__mro__ if k in REFUSALS)
     return kind(shards.whole_call_message(e.message, offset))
+
+
+def _joined(
+    parts: list[concurrent.futures.Future[SampleResponse]],
+) -> concurrent.futures.Future[SampleResponse]:
+    """One sample call's answer from its parts' (its first refusal or failure, if any)."""
+    out: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def done(_: concurrent.futures.Future[SampleResponse]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        failed = next((p.exception() for p in parts if p.exception() is not None), None)
+        if failed is not None:
+            out.set_exception(failed)
+        else:
+            out.set_result(shards.merge_sample([p.result() for p in parts]))
+
+    for p in parts:
+        p.add_done_callback(done)
+    return out
 
 
 class ReplicaGroup:
@@ -279,13 +306,23 @@ class ReplicaGroup:
         self._live()
         if body.seed is None:
             body = body.model_copy(update={"seed": self._on_first("draw_seed")})
-        out: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
-        self._dispatch(body, out)
-        return out
+        runs = shards.split_sample(body, len(self._samplers()))
+        parts: list[concurrent.futures.Future[SampleResponse]] = []
+        for r in runs:
+            part: concurrent.futures.Future[SampleResponse] = concurrent.futures.Future()
+            self._dispatch(body if len(runs) == 1 else shards.sample_part(body, r), part, offset=r.start)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else _joined(parts)
 
     def _dispatch(
-        self, body: SampleBatch, out: concurrent.futures.Future[SampleResponse], tries: int = 0
+        self,
+        body: SampleBatch,
+        out: concurrent.futures.Future[SampleResponse],
+        tries: int = 0,
+        offset: int = 0,
     ) -> None:
+        """Send a sample call (or a part of one, its first request the call's `offset`) to the
+        replica with the fewest rows in flight."""
         rows = sum(r.sampling.n for r in body.requests)
         while True:
             with self.route_lock:
@@ -306,13 +343,14 @@ class ReplicaGroup:
             if e is None:
                 out.set_result(f.result())
             elif isinstance(e, EngineError):
-                out.set_exception(_refusal(e))
+                out.set_exception(_refusal(e, offset))
             else:
                 if ray_cluster.is_actor_death(e):
                     with self.route_lock:
                         slot.up = False
                 # not on Ray's callback thread: repairing waits for calls to other replicas
-                threading.Thread(target=self._resample, args=(body, out, e, tries), daemon=True).start()
+                resample = (body, out, e, tries, offset)
+                threading.Thread(target=self._resample, args=resample, daemon=True).start()
 
         ref.future().add_done_callback(done)
 
@@ -322,6 +360,7 @@ class ReplicaGroup:
         out: concurrent.futures.Future[SampleResponse],
         failure: BaseException,
         tries: int,
+        offset: int,
     ) -> None:
         try:
             if tries >= MAX_RESAMPLES or (
@@ -329,7 +368,7 @@ class ReplicaGroup:
             ):
                 raise failure
             self._repair_if_dead()
-            self._dispatch(body, out, tries + 1)
+            self._dispatch(body, out, tries + 1, offset)
         except BaseException as e:
             out.set_exception(e)
 

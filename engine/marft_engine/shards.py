@@ -1,6 +1,6 @@
-"""One forward / forward_backward call's data cut into shards for data-parallel replicas, and the
-shards' answers put back together (replicas.py). Torch-free: the front process that spreads calls
-over the replicas imports no torch.
+"""One forward / forward_backward call's data cut into shards for data-parallel replicas, one sample
+call's requests cut into parts for the sampling replicas, and the answers put back together
+(replicas.py). Torch-free: the front process that spreads calls over the replicas imports no torch.
 
 A forward_backward shard is computed with the whole call's normalisers (`CallTotals`), so its loss,
 gradients and weighted-mean stats are its share of the call's and add up to the call's exactly (up to
@@ -14,7 +14,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .schemas import Datum, ForwardBackwardRequest, ForwardBackwardResponse, ForwardResponse
+from .schemas import (
+    Datum,
+    ForwardBackwardRequest,
+    ForwardBackwardResponse,
+    ForwardResponse,
+    SampleBatch,
+    SampleResponse,
+)
 
 
 @dataclass(frozen=True)
@@ -50,23 +57,27 @@ def call_totals(data: list[Datum]) -> CallTotals:
     return CallTotals(weight=float(sum(sum(weights(d)) for d in data)), data=len(data))
 
 
-def split(data: list[Datum], parts: int) -> list[range]:
-    """At most `parts` non-empty runs of consecutive data with about equal token counts (compute
-    grows with tokens; runs of consecutive data put the answers back in order)."""
-    parts = max(1, min(parts, len(data)))
-    sizes = [len(d.tokens) for d in data]
+def _runs(sizes: list[int], parts: int) -> list[range]:
+    """At most `parts` non-empty runs of consecutive items with about equal sums of `sizes`."""
+    parts = max(1, min(parts, len(sizes)))
     total = sum(sizes)
     runs: list[range] = []
     start = seen = 0
     for i, n in enumerate(sizes):
         seen += n
         runs_after = parts - len(runs) - 1  # runs still to start after the current one
-        data_after = len(data) - i - 1
-        if runs_after > 0 and (seen >= total * (len(runs) + 1) / parts or data_after == runs_after):
+        items_after = len(sizes) - i - 1
+        if runs_after > 0 and (seen >= total * (len(runs) + 1) / parts or items_after == runs_after):
             runs.append(range(start, i + 1))
             start = i + 1
-    runs.append(range(start, len(data)))
+    runs.append(range(start, len(sizes)))
     return runs
+
+
+def split(data: list[Datum], parts: int) -> list[range]:
+    """At most `parts` non-empty runs of consecutive data with about equal token counts (compute
+    grows with tokens; runs of consecutive data put the answers back in order)."""
+    return _runs([len(d.tokens) for d in data], parts)
 
 
 def shard_request(body: ForwardBackwardRequest, run: range) -> ForwardBackwardRequest:
@@ -94,9 +105,33 @@ def merge_forward(answers: list[ForwardResponse]) -> ForwardResponse:
     return ForwardResponse(results=[r for a in answers for r in a.results])
 
 
-_DATUM = re.compile(r"data\[(\d+)\]")
+def split_sample(body: SampleBatch, parts: int) -> list[range]:
+    """At most `parts` runs of consecutive requests with about equal rows, each to be sampled on a
+    replica of its own; one run (the call whole) unless every request has its own seed. A request's
+    tokens then depend on its seed alone, not on the call it is in (sampler.py); a request without
+    one is seeded from the call's seed and its index in the call, which a part would change."""
+    if parts <= 1 or len(body.requests) < 2 or any(r.seed is None for r in body.requests):
+        return [range(len(body.requests))]
+    return _runs([r.sampling.n for r in body.requests], parts)
+
+
+def sample_part(body: SampleBatch, run: range) -> SampleBatch:
+    return body.model_copy(update={"requests": body.requests[run.start : run.stop]})
+
+
+def merge_sample(answers: list[SampleResponse]) -> SampleResponse:
+    """The call's answer from its parts' (sampled at the same time: the call took the longest one)."""
+    return SampleResponse(
+        results=[r for a in answers for r in a.results],
+        tokens_sampled=sum(a.tokens_sampled for a in answers),
+        seconds=max(a.seconds for a in answers),
+    )
+
+
+_INDEX = re.compile(r"\b(data|requests)\[(\d+)\]")
 
 
 def whole_call_message(message: str, offset: int) -> str:
-    """A shard's refusal, with its data indices ("data[3].tokens: ...") made the whole call's."""
-    return _DATUM.sub(lambda m: f"data[{int(m[1]) + offset}]", message)
+    """A shard's refusal, with its data or request indices ("data[3].tokens: ...",
+    "requests[1].adapter: ...") made the whole call's."""
+    return _INDEX.sub(lambda m: f"{m[1]}[{int(m[2]) + offset}]", message)

@@ -3,7 +3,8 @@ tiny model, against one in-process engine given the same calls.
 
 - a data-parallel step over 2 replicas equals one engine's step over the whole batch (within TOL),
   and leaves the replicas' adapters and optimizer states identical;
-- sample calls are spread over the replicas, and their tokens are one engine's;
+- sample calls are spread over the replicas (a call of several seeded requests cut into a part per
+  replica), and their tokens are one engine's;
 - a replica killed mid-run (with gradients accumulated and samples in flight) is replaced, and the
   run's results are one engine's: nothing lost, nothing applied twice;
 - the tests run in file order on one group; the last one kills every replica.
@@ -164,6 +165,15 @@ def test_a_data_parallel_step_equals_one_engines_step(pair: tuple[ReplicaGroup, 
     assert all(r.tokens_trained > 0 for r in group.stats({}).replicas or [])
 
 
+def test_gpus_per_replica_follow_the_cluster(pair: tuple[ReplicaGroup, Engine]) -> None:
+    """Without engine.replica.gpus: a GPU each where the cluster (here the test's local one, no GPU)
+    has one for every replica, else none; a CPU engine never asks for one."""
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    assert ReplicaOptions(replicas=2, device="auto").gpus_per_replica() == (1.0 if gpus >= 2 else 0.0)
+    assert ReplicaOptions(replicas=2, device="cpu").gpus_per_replica() == 0.0
+    assert ReplicaOptions(replicas=2, device="cuda", gpus=0.5).gpus_per_replica() == 0.5
+
+
 def sample_body(adapter: str, seed: int, tokens: int = 24) -> SampleBatch:
     return SampleBatch(
         requests=[
@@ -188,6 +198,27 @@ def test_sample_calls_are_spread_and_match_one_engine(pair: tuple[ReplicaGroup, 
         assert g.results[0].adapter_version == e.results[0].adapter_version
     after = [r.sample_calls for r in group.stats({}).replicas or []]
     assert [a - b for a, b in zip(after, before, strict=True)] == [3, 3]
+
+
+def test_a_call_of_several_seeded_requests_samples_on_every_replica(
+    pair: tuple[ReplicaGroup, Engine],
+) -> None:
+    """The lock-step rollout's one call per round: cut into a part per replica, answered in request
+    order with one engine's tokens; a part's refusal names the whole call's request."""
+    group, one = pair
+    body = SampleBatch(requests=[r for s in range(4) for r in sample_body("dp", 200 + s).requests], seed=5)
+    before = [r.sample_calls for r in group.stats({}).replicas or []]
+    got, expect = both(pair, "sample", body)
+    after = [r.sample_calls for r in group.stats({}).replicas or []]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]
+    assert [r.completions[0].response_ids for r in got.results] == [
+        r.completions[0].response_ids for r in expect.results
+    ]
+    assert got.tokens_sampled == expect.tokens_sampled
+    bad = body.model_copy(deep=True)
+    bad.requests[3].prompt_ids = [1, 9999]
+    with pytest.raises(BadRequest, match=r"^requests\[3\]\.prompt_ids\[1\]: token id 9999"):
+        group.sample(bad)
 
 
 def test_a_refused_shard_changes_nothing(pair: tuple[ReplicaGroup, Engine]) -> None:

@@ -9,7 +9,18 @@ from helpers import add_policy, ppo_data
 
 from marft_engine import shards
 from marft_engine.engine import Engine
-from marft_engine.schemas import Datum, ForwardBackwardRequest, ForwardRequest, PPOConfig
+from marft_engine.schemas import (
+    Completion,
+    Datum,
+    ForwardBackwardRequest,
+    ForwardRequest,
+    PPOConfig,
+    SampleBatch,
+    SampleRequest,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+)
 from marft_engine.training import LOSSES
 
 # fp32 sums in another order (and micro-batches padded to other lengths): relative to the scale
@@ -28,9 +39,67 @@ def test_split_keeps_order_balances_tokens_and_leaves_no_run_empty() -> None:
     assert runs([30, 2, 2, 2, 2], 3) == [(0, 1), (1, 2), (2, 5)]
 
 
+def sample_call(rows: list[int], seeded: bool = True) -> SampleBatch:
+    return SampleBatch(
+        requests=[
+            SampleRequest(
+                adapter="a", prompt_ids=[1, 2], seed=i if seeded else None, sampling=SamplingParams(n=n)
+            )
+            for i, n in enumerate(rows)
+        ],
+        seed=7,
+    )
+
+
+def test_a_sample_call_is_cut_by_rows_only_where_every_request_has_its_seed() -> None:
+    def runs(body: SampleBatch, parts: int) -> list[tuple[int, int]]:
+        return [(r.start, r.stop) for r in shards.split_sample(body, parts)]
+
+    assert runs(sample_call([1, 1, 1, 1]), 2) == [(0, 2), (2, 4)]
+    assert runs(sample_call([4, 1, 1, 1, 1]), 2) == [(0, 1), (1, 5)]
+    assert runs(sample_call([1, 1, 1]), 4) == [(0, 1), (1, 2), (2, 3)]
+    assert runs(sample_call([1]), 2) == [(0, 1)]
+    assert runs(sample_call([1, 1, 1, 1]), 1) == [(0, 4)]
+    # a request seeded from the call's seed and its index in the call: the call goes whole
+    body = sample_call([1, 1, 1, 1])
+    body.requests[2] = body.requests[2].model_copy(update={"seed": None})
+    assert runs(body, 2) == [(0, 4)]
+    assert runs(sample_call([1, 1], seeded=False), 2) == [(0, 2)]
+    part = shards.sample_part(sample_call([1, 1, 1, 1]), range(2, 4))
+    assert [r.seed for r in part.requests] == [2, 3] and part.seed == 7
+
+
+def test_a_sample_calls_parts_answer_in_request_order() -> None:
+    def answer(ids: list[int], seconds: float) -> SampleResponse:
+        results = [
+            SampleResult(
+                completions=[
+                    Completion(
+                        response_ids=[i],
+                        logprobs=[0.0],
+                        sampler_logprobs=[0.0],
+                        text="x",
+                        finish_reason="length",
+                    )
+                ],
+                prompt_ids=[1, 2],
+                adapter="a",
+                adapter_version=0,
+            )
+            for i in ids
+        ]
+        return SampleResponse(results=results, tokens_sampled=len(ids), seconds=seconds)
+
+    merged = shards.merge_sample([answer([0, 1], 2.0), answer([2], 3.0)])
+    assert [r.completions[0].response_ids[0] for r in merged.results] == [0, 1, 2]
+    assert merged.tokens_sampled == 3 and merged.seconds == 3.0
+
+
 def test_refusal_messages_name_the_whole_calls_index() -> None:
     msg = "data[2].tokens[5]: token id 999 is outside the vocabulary [0, 256)"
     assert shards.whole_call_message(msg, 4).startswith("data[6].tokens[5]:")
+    msg = "requests[1].prompt_ids[0]: token id 999 is outside the vocabulary [0, 256)"
+    assert shards.whole_call_message(msg, 3).startswith("requests[4].prompt_ids[0]:")
     assert shards.whole_call_message("adapter: unknown adapter 'x'", 4) == "adapter: unknown adapter 'x'"
 
 
