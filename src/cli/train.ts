@@ -8,7 +8,7 @@ import type { RunConfig } from "../config/schema.ts";
 import { ConfigError } from "../errors.ts";
 import { makeSuite, resolveTaskPaths } from "../envs/tasks.ts";
 import type { MetricsRow } from "../train/phases.ts";
-import { type EngineHandle, type Summary, train } from "../train/run.ts";
+import { type EngineHandle, type ReplicaSummary, type Summary, train } from "../train/run.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 
 const USAGE = `usage: marft train <config.yaml> [options]
@@ -90,6 +90,14 @@ export function summaryTable(s: Summary, rows: MetricsRow[]): string {
   out.push(["tokens sampled", s.tokensSampled]);
   out.push(["wall time (s)", Math.round(s.wallSeconds * 10) / 10]);
   if (s.engineRestarts) out.push(["engine restarts", s.engineRestarts]);
+  const replicas = s.replicas;
+  if (replicas) {
+    const each = (f: (r: ReplicaSummary) => number) => replicas.map(f).join(" / ");
+    out.push(["replicas", replicas.length]);
+    out.push(["  sample calls", each((r) => r.sampleCalls)]);
+    out.push(["  tokens trained", each((r) => r.tokensTrained)]);
+    if (replicas.some((r) => r.restarts > 0)) out.push(["  replica restarts", each((r) => r.restarts)]);
+  }
   if (s.checkpoint) out.push(["checkpoint", s.checkpoint]);
   return table(out, ["summary", "value"]);
 }
