@@ -17,7 +17,7 @@ import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
 import { rollout } from "../src/rollout/rollout.ts";
 
 const REPO = resolve(import.meta.dirname, "..");
-const MODEL = "pkg:smollm2-135m-instruct";
+export const MODEL = "pkg:smollm2-135m-instruct";
 // The reference's own sampling settings (temperature 0.5, top-k 50) and a token limit long enough
 // that most answers end by themselves, as they do in real runs (the reference allows 512): response
 // lengths then vary, which is where refilling the batch pays and padding to the longest does not.
@@ -47,7 +47,7 @@ export interface RolloutBenchCase {
   speedup: number;
 }
 
-function team(n: number): AgentSpec[] {
+export function team(n: number): AgentSpec[] {
   const roles = ["reasoner", "actor", "verifier", "summarizer"];
   return Array.from({ length: n }, (_, i) => ({
     id: `agent${i}`,
@@ -56,7 +56,7 @@ function team(n: number): AgentSpec[] {
   }));
 }
 
-async function marftRollout(
+export async function marftRollout(
   client: ComputeEngine,
   agents: AgentSpec[],
   graph: GraphSpec,

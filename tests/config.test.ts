@@ -5,6 +5,7 @@ import { parse as parseYaml } from "yaml";
 import { adapterOf } from "../src/config/derived.ts";
 import { SCHEMA_FILE, schemaText } from "../src/config/json-schema.ts";
 import { applySets, configToYaml, loadRunConfig, parseRunConfig, parseSetPath } from "../src/config/load.ts";
+import { replicaArgs } from "../src/client/launcher.ts";
 import { ConfigError } from "../src/errors.ts";
 
 const minimal = () => ({
@@ -198,5 +199,36 @@ describe("shipped configs and schema", () => {
 
   it("schemas/run-config.json matches the zod schema (run: npx tsx src/config/json-schema.ts)", () => {
     expect(readFileSync(SCHEMA_FILE, "utf8")).toBe(schemaText());
+  });
+});
+
+describe("engine replicas in the run config", () => {
+  it("default to one engine, and reach the engine as its --replicas flags", () => {
+    const one = parseRunConfig(minimal()).engine;
+    expect(one.replicas).toBe(1);
+    expect(replicaArgs({ count: one.replicas, rayAddress: one.ray.address })).toEqual([]);
+    const c = parseRunConfig({
+      ...minimal(),
+      engine: { replicas: 4, ray: { address: "head:6379" }, replica: { gpus: 0.5, threads: 2 } },
+    }).engine;
+    const r = { count: c.replicas, rayAddress: c.ray.address, ...c.replica };
+    expect(replicaArgs(r)).toEqual([
+      ...["--replicas", "4", "--ray-address", "head:6379"],
+      ...["--replica-cpus", "1", "--replica-gpus", "0.5", "--replica-threads", "2"],
+    ]);
+    // one replica on an existing cluster still goes through Ray
+    expect(replicaArgs({ count: 1, rayAddress: "head:6379" })).toEqual([
+      "--replicas",
+      "1",
+      "--ray-address",
+      "head:6379",
+    ]);
+  });
+
+  it("are refused with a remote engine (it has its own) and must be positive", () => {
+    expect(issuesOf({ ...minimal(), engine: { url: "http://gpu:8000", replicas: 2 } })).toEqual([
+      "engine.replicas: replicas are set where the CLI starts the engine; the engine at engine.url has its own",
+    ]);
+    expect(issuesOf({ ...minimal(), engine: { replicas: 0 } })[0]).toMatch(/^engine\.replicas: /);
   });
 });

@@ -46,6 +46,7 @@ from .schemas import (
     SampleResponse,
     Stats,
 )
+from .shards import CallTotals
 
 
 def resolve_device(device: str) -> torch.device:
@@ -120,8 +121,11 @@ class Engine:
         return training.forward(self.registry, body)
 
     @on_compute_thread
-    def forward_backward(self, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
-        out = training.forward_backward(self.registry, body)
+    def forward_backward(
+        self, body: ForwardBackwardRequest, call: CallTotals | None = None
+    ) -> ForwardBackwardResponse:
+        """`call`: the body is a shard of a larger call with these totals (replicas.py)."""
+        out = training.forward_backward(self.registry, body, call)
         self.tokens_trained += out.num_tokens
         return out
 

@@ -398,6 +398,19 @@ class PrefixCacheStats(Answer):
     evictions: int = Field(0, description="blocks evicted, least recently used first, to stay in budget")
 
 
+class ReplicaStats(Answer):
+    index: int
+    pid: int
+    node: str = Field(description="IP address of the node it runs on")
+    restarts: int = Field(description="times this replica died and was replaced")
+    rss_bytes: int
+    tokens_sampled: int
+    tokens_trained: int
+    decode_steps: int
+    decode_rows: int
+    sample_calls: int = Field(description="sample calls the front routed to this replica")
+
+
 class Stats(Answer):
     device: str
     rss_bytes: int
@@ -413,6 +426,11 @@ class Stats(Answer):
     prefix_cache: PrefixCacheStats = Field(
         default_factory=lambda: PrefixCacheStats(),
         description="the sampler's shared-prefix KV cache, all bases",
+    )
+    replicas: list[ReplicaStats] | None = Field(
+        None,
+        description="an engine of several replicas (engine.replicas): each one's figures; the figures "
+        "above are their sums",
     )
 
 

@@ -1,7 +1,8 @@
 """The engine's HTTP server: FastAPI routes over one `Engine`, bearer auth, JSON errors, process life.
 
 Run: python -m marft_engine.server --host 127.0.0.1 --port 0 [--device auto|cpu|cuda]
-     [--parent-pid PID] [--max-batch 64] [--checkpoint-root DIR]
+     [--parent-pid PID] [--max-batch 64] [--checkpoint-root DIR] [--replicas N [--ray-address ADDR]
+     [--replica-cpus C] [--replica-gpus G] [--replica-threads T]]
 When listening it prints one JSON line to stdout: {"event": "ready", "url": "http://127.0.0.1:PORT"}.
 """
 
@@ -61,6 +62,7 @@ from .schemas import (
 
 if TYPE_CHECKING:
     from .engine import Engine  # imported in main(): the OpenAPI document needs no torch
+    from .replicas import ReplicaGroup  # the same methods, over several engine replicas
 
 log = logging.getLogger("marft_engine")
 P = ParamSpec("P")
@@ -211,7 +213,7 @@ class BodyGuard:
         await self.app(scope, replay, send)
 
 
-def create_app(engine: Engine | None, token: str) -> FastAPI:
+def create_app(engine: Engine | ReplicaGroup | None, token: str) -> FastAPI:
     """The app over `engine` (None: routes exist for the OpenAPI document but answer 503)."""
     app = FastAPI(title="MARFT engine", version=__version__, responses=ERROR_RESPONSES)
     endpoint_stats: dict[str, list[float]] = {}
@@ -249,7 +251,7 @@ def create_app(engine: Engine | None, token: str) -> FastAPI:
         log.exception("internal error")
         return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
-    def need() -> Engine:
+    def need() -> Engine | ReplicaGroup:
         if engine is None:
             raise Unavailable("no engine behind this app")
         return engine
@@ -379,7 +381,24 @@ def main(argv: list[str] | None = None) -> None:
         "directory's parent)",
     )
     parser.add_argument("--log-level", default="info")
+    group = parser.add_argument_group("replicas (on Ray; without these flags: one engine in this process)")
+    group.add_argument("--replicas", type=int, default=1, help="engine replicas, each a Ray actor")
+    group.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster (default: start a local one)"
+    )
+    group.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica")
+    group.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=None,
+        help="GPUs per replica (default: 1 if the cluster has enough)",
+    )
+    group.add_argument(
+        "--replica-threads", type=int, default=None, help="torch threads per replica (default: its CPUs)"
+    )
     args = parser.parse_args(argv)
+    if args.replicas < 1:
+        parser.error("--replicas: expected at least 1")
 
     logging.basicConfig(
         stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s"
@@ -391,9 +410,28 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from .engine import Engine
+    def stop() -> None:
+        server.should_exit = True
 
-    engine = Engine(device=args.device, max_batch=args.max_batch, checkpoint_root=args.checkpoint_root)
+    engine: Engine | ReplicaGroup
+    if args.replicas > 1 or args.ray_address is not None:
+        from .replicas import ReplicaGroup, ReplicaOptions
+
+        options = ReplicaOptions(
+            replicas=args.replicas,
+            device=args.device,
+            max_batch=args.max_batch,
+            cpus=args.replica_cpus,
+            gpus=args.replica_gpus,
+            threads=args.replica_threads,
+            address=args.ray_address,
+            checkpoint_root=args.checkpoint_root,
+        )
+        engine = ReplicaGroup(options, on_lost=stop)  # when every replica died: stop, to be restarted
+    else:
+        from .engine import Engine
+
+        engine = Engine(device=args.device, max_batch=args.max_batch, checkpoint_root=args.checkpoint_root)
     log.info("checkpoint root: %s", engine.checkpoint_root)
     app = create_app(engine, token)
 
@@ -420,9 +458,6 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     server = Server(config)
 
-    def stop() -> None:
-        server.should_exit = True
-
     if args.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(args.parent_pid, stop), daemon=True).start()
 
@@ -441,11 +476,12 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve())
     engine.close()
     log.info("engine stopped")
+    lost = bool(getattr(engine, "lost", False))  # every replica died: not a clean stop
     # Exit now: a call still on the compute thread (close() waits 10 s for it) would otherwise hold
     # the worker thread that waits for it, and the interpreter joins those threads at exit.
     logging.shutdown()
     sys.stdout.flush()
-    os._exit(0)
+    os._exit(1 if lost else 0)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from .schemas import (
     OptimStepRequest,
     OptimStepResponse,
 )
+from .shards import CallTotals, value_summary
 
 # Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches).
 LOGITS_BUDGET = 2**25
@@ -313,17 +314,6 @@ def _value(mb: MicroBatch, body: ForwardBackwardRequest, st: CallStats) -> torch
     return loss
 
 
-def _value_summary(stats: dict[str, float]) -> None:
-    """Weighted means of squares -> the variances and explained variance they give."""
-    mean_r = stats["return_mean"]
-    var_r = stats.pop("return_sq") - mean_r**2
-    mean_res = stats.pop("residual")
-    var_res = stats.pop("residual_sq") - mean_res**2
-    stats["return_var"] = var_r
-    stats["residual_var"] = var_res
-    stats["explained_variance"] = 1.0 - var_res / var_r if var_r > 1e-12 else 0.0
-
-
 @dataclass(frozen=True)
 class Loss:
     trains: Literal["policy", "critic"]  # the adapter kind it trains
@@ -341,7 +331,7 @@ LOSSES: dict[str, Loss] = {
         "critic",
         lambda body: ["returns"] + (["old_values"] if body.value.clip is not None else []),
         _value,
-        _value_summary,
+        value_summary,
     ),
 }
 
@@ -356,13 +346,18 @@ class Call:
     total_w: float  # the call's total weight
     norm: float  # the loss's normaliser (see losses.aggregate)
     tokens: float  # positions with a positive weight
+    own_w: float  # this call's own weight (less than total_w for a shard of a larger call)
+    sharded: bool  # a shard: the loss's summary is applied once to the shards' sum, by the front
 
     @property
     def base(self) -> Base:
         return self.adapter.base
 
 
-def prepare(registry: Registry, body: ForwardBackwardRequest, field_prefix: str = "") -> Call:
+def prepare(
+    registry: Registry, body: ForwardBackwardRequest, field_prefix: str = "", call: CallTotals | None = None
+) -> Call:
+    """`call`: the totals of the whole call when `body` is a shard of it (data-parallel replicas)."""
     adapter = registry.get_adapter(body.adapter, f"{field_prefix}adapter")
     loss = LOSSES[body.loss]
     if adapter.kind != loss.trains:
@@ -376,12 +371,13 @@ def prepare(registry: Registry, body: ForwardBackwardRequest, field_prefix: str 
         raise BadRequest(f"{field_prefix}{e}") from e
     # Normalisers over the whole call, so micro-batch gradients sum to the full-batch gradient.
     all_w = [(d.weights if d.weights is not None else [0.0] + [1.0] * (len(d.tokens) - 1)) for d in data]
-    total_w = float(sum(sum(w) for w in all_w))
+    own_w = float(sum(sum(w) for w in all_w))
+    total_w, n_data = (call.weight, call.data) if call is not None else (own_w, len(data))
     if total_w <= 0:
         raise BadRequest(f"{field_prefix}data[*].weights: no token has a positive weight")
-    norm = total_w if body.ppo.aggregation == "token-mean" else float(len(data))
+    norm = total_w if body.ppo.aggregation == "token-mean" else float(n_data)
     tokens = float(sum(sum(1 for x in ws if x > 0) for ws in all_w))
-    return Call(body, adapter, loss, total_w, norm, tokens)
+    return Call(body, adapter, loss, total_w, norm, tokens, own_w, call is not None)
 
 
 def check_finite(call: Call, part: torch.Tensor, adapters: list[Adapter]) -> None:
@@ -399,7 +395,7 @@ def check_finite(call: Call, part: torch.Tensor, adapters: list[Adapter]) -> Non
 
 def finish(call: Call, st: CallStats, total_loss: float, passes: int) -> ForwardBackwardResponse:
     stats = {k: v / call.total_w for k, v in st.sums.items()}
-    if call.loss.summary is not None:
+    if call.loss.summary is not None and not call.sharded:
         call.loss.summary(stats)
     if bad := [k for k, v in stats.items() if not math.isfinite(v)]:
         drop_gradients(call.adapter)
@@ -408,7 +404,7 @@ def finish(call: Call, st: CallStats, total_loss: float, passes: int) -> Forward
             f"adapter {call.adapter.name!r}'s accumulated gradients were dropped, its weights are unchanged"
         )
     stats["tokens"] = call.tokens
-    stats["weight_sum"] = call.total_w
+    stats["weight_sum"] = call.own_w
     stats["micro_batches"] = float(passes)
     tokens = int(sum(len(d.tokens) for d in call.body.data))
     return ForwardBackwardResponse(
@@ -416,8 +412,10 @@ def finish(call: Call, st: CallStats, total_loss: float, passes: int) -> Forward
     )
 
 
-def forward_backward(registry: Registry, body: ForwardBackwardRequest) -> ForwardBackwardResponse:
-    call = prepare(registry, body)
+def forward_backward(
+    registry: Registry, body: ForwardBackwardRequest, totals: CallTotals | None = None
+) -> ForwardBackwardResponse:
+    call = prepare(registry, body, call=totals)
     base, data = call.base, body.data
     st = CallStats()
     total_loss = 0.0

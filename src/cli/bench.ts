@@ -9,7 +9,9 @@
 //            adapters' PPO in shared passes, short answers at batch 64 vs plain `generate`
 //   rollout  bench/rollout.ts: MARFT's rollout vs the reference's sampling scheme, 2 and 4 agents,
 //            seeds 1-3
+//   replicas bench/replicas.ts: one rollout on 2 engine replicas of 1 thread (Ray) vs 1 engine of 2
 import { execFileSync } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -74,7 +76,16 @@ export async function benchCommand(args: string[]): Promise<void> {
     throw new Error(`--episodes: expected a positive integer, got "${episodesArg}"`);
   }
   const out = join(REPO, "bench/results.json");
-  const results: Record<string, unknown> = { machine: machine(), date: new Date().toISOString(), quick };
+  // --only: the parts not measured now keep their figures from the last run (each part's ratios are
+  // still measured within one run of that part)
+  const previous: Record<string, unknown> =
+    only !== undefined && existsSync(out) ? JSON.parse(readFileSync(out, "utf8")) : {};
+  const results: Record<string, unknown> = {
+    ...previous,
+    machine: machine(),
+    date: new Date().toISOString(),
+    quick,
+  };
   const t0 = Date.now();
 
   if (want("engine")) {
@@ -85,7 +96,6 @@ export async function benchCommand(args: string[]): Promise<void> {
       [join(REPO, "bench/engine_bench.py"), "--out", engineOut, ...(quick ? ["--quick"] : [])],
       { stdio: ["ignore", "inherit", "inherit"] },
     );
-    const { readFileSync } = await import("node:fs");
     results["engine"] = JSON.parse(readFileSync(engineOut, "utf8"));
   }
   if (want("sandbox")) {
@@ -125,11 +135,18 @@ export async function benchCommand(args: string[]): Promise<void> {
     });
   }
 
+  if (want("replicas")) {
+    process.stderr.write("bench: replicas (one rollout on 2 engine replicas vs 1 engine)...\n");
+    const { benchReplicas } = await import("../../bench/replicas.ts");
+    results["replicas"] = await benchReplicas({ quick, ...(episodes ? { episodes } : {}) });
+  }
+
   // The headline keys, flat, as the README and the issues name them.
   const engine = (results["engine"] ?? {}) as Record<string, unknown>;
   const sandbox = (results["sandbox"] ?? {}) as Record<string, unknown>;
   const roll = (results["rollout"] ?? {}) as Record<string, unknown>;
   const speed = (results["speed"] ?? {}) as Record<string, unknown>;
+  const replicas = (results["replicas"] ?? {}) as Record<string, unknown>;
   const headline: Record<string, unknown> = {
     rollout_speedup_2_agents: roll["rollout_speedup_2_agents"],
     rollout_speedup_4_agents: roll["rollout_speedup_4_agents"],
@@ -143,6 +160,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     memory_ratio_4_agents: engine["memory_ratio_4_agents"],
     sandbox_runs_per_s: sandbox["sandbox_runs_per_s"],
     train_tokens_per_s: engine["train_tokens_per_s"],
+    ray_rollout_scaling_2_replicas: replicas["ray_rollout_scaling_2_replicas"],
   };
   Object.assign(results, headline, { seconds: (Date.now() - t0) / 1000 });
   writeFileAtomic(out, `${JSON.stringify(results, null, 2)}\n`);
@@ -160,6 +178,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     memory_ratio_4_agents: "<= 0.3",
     sandbox_runs_per_s: "",
     train_tokens_per_s: "",
+    ray_rollout_scaling_2_replicas: "",
   };
   const rows = Object.entries(headline).map(([k, v]) => ({
     figure: k,

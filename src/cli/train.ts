@@ -7,7 +7,7 @@ import { checkBaseFiles, loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { ConfigError, MarftError } from "../errors.ts";
 import type { MetricsRow } from "../train/phases.ts";
-import { type EngineHandle, type Summary, train } from "../train/run.ts";
+import { type EngineHandle, type ReplicaSummary, type Summary, train } from "../train/run.ts";
 import { resolveRunPaths, runSuite } from "../train/suite.ts";
 import { onInterrupt } from "./interrupt.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
@@ -60,8 +60,23 @@ export function engineConnector(
     env["OMP_NUM_THREADS"] = String(c.engine.threads);
     env["MKL_NUM_THREADS"] = String(c.engine.threads);
   }
+  const { replicas, ray, replica } = c.engine;
+  const replicaOptions = {
+    count: replicas,
+    rayAddress: ray.address,
+    cpus: replica.cpus,
+    gpus: replica.gpus,
+    threads: replica.threads ?? c.engine.threads,
+  };
   return async () => {
-    const e = await startLocalEngine({ device: c.engine.device, logFile, env, stallMs, checkpointRoot });
+    const e = await startLocalEngine({
+      device: c.engine.device,
+      logFile,
+      env,
+      stallMs,
+      checkpointRoot,
+      replicas: replicaOptions,
+    });
     return { client: e.client, stop: e.stop, pid: e.process?.pid };
   };
 }
@@ -98,6 +113,14 @@ export function summaryTable(s: Summary, rows: MetricsRow[]): string {
   out.push(["tokens sampled", s.tokensSampled]);
   out.push(["wall time (s)", Math.round(s.wallSeconds * 10) / 10]);
   if (s.engineRestarts) out.push(["engine restarts", s.engineRestarts]);
+  const replicas = s.replicas;
+  if (replicas) {
+    const each = (f: (r: ReplicaSummary) => number) => replicas.map(f).join(" / ");
+    out.push(["replicas", replicas.length]);
+    out.push(["  sample calls", each((r) => r.sampleCalls)]);
+    out.push(["  tokens trained", each((r) => r.tokensTrained)]);
+    if (replicas.some((r) => r.restarts > 0)) out.push(["  replica restarts", each((r) => r.restarts)]);
+  }
   if (s.checkpoint) out.push(["checkpoint", s.checkpoint]);
   return table(out, ["summary", "value"]);
 }

@@ -39,13 +39,37 @@ export interface LocalEngineOptions {
   python?: string;
   /** Most rows in one decode batch (the engine's --max-batch). */
   maxBatch?: number;
-  /** How long to wait for the ready line and health (default 180 s: first imports are slow). */
+  /** Engine replicas on Ray (more than 1, or with `ray`, the engine's --replicas and its flags). */
+  replicas?: ReplicaOptions;
+  /** How long to wait for the ready line and health (default 180 s: first imports are slow; with
+   * replicas 600 s: a Ray cluster starts, then every replica imports torch and builds its engine). */
   startTimeoutMs?: number;
   /** The returned client's stall limit (EngineClientOptions.stallMs). */
   stallMs?: number;
   /** Every checkpoint path must lie in this directory (the engine's --checkpoint-root; default: the
    * parent of the directory holding `logFile`, i.e. the runs folder of a run's engine.log). */
   checkpointRoot?: string;
+}
+
+/** Engine replicas (`engine.replicas`, `engine.ray`, `engine.replica` of the run config). */
+export interface ReplicaOptions {
+  count: number;
+  /** An existing Ray cluster; omitted: the engine starts a local one. */
+  rayAddress?: string;
+  cpus?: number;
+  gpus?: number;
+  threads?: number;
+}
+
+/** The engine's flags for `replicas`: none for one engine without a Ray address (one process). */
+export function replicaArgs(r: ReplicaOptions | undefined): string[] {
+  if (!r || (r.count <= 1 && r.rayAddress === undefined)) return [];
+  const args = ["--replicas", String(r.count)];
+  if (r.rayAddress !== undefined) args.push("--ray-address", r.rayAddress);
+  if (r.cpus !== undefined) args.push("--replica-cpus", String(r.cpus));
+  if (r.gpus !== undefined) args.push("--replica-gpus", String(r.gpus));
+  if (r.threads !== undefined) args.push("--replica-threads", String(r.threads));
+  return args;
 }
 
 export interface RemoteEngineOptions {
@@ -128,7 +152,7 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
     );
   }
   const token = randomBytes(24).toString("base64url");
-  const startTimeoutMs = opts.startTimeoutMs ?? 180_000;
+  const startTimeoutMs = opts.startTimeoutMs ?? (replicaArgs(opts.replicas).length ? 600_000 : 180_000);
   mkdirSync(dirname(resolve(opts.logFile)), { recursive: true });
   const logFd = openSync(opts.logFile, "a");
   const args = ["-m", "marft_engine.server", "--host", "127.0.0.1", "--port", "0"];
@@ -137,6 +161,7 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   // a run directory's engine.log lies in the run directory: its parent holds the run's checkpoints
   const root = opts.checkpointRoot ?? dirname(dirname(resolve(opts.logFile)));
   args.push("--checkpoint-root", resolve(root));
+  args.push(...replicaArgs(opts.replicas));
   let child: ChildProcess;
   try {
     child = spawn(python, args, {

@@ -808,6 +808,38 @@ export interface components {
              */
             compute_cpu_seconds: number;
         };
+        /** ReplicaStats */
+        ReplicaStats: {
+            /** Decode Rows */
+            decode_rows: number;
+            /** Decode Steps */
+            decode_steps: number;
+            /** Index */
+            index: number;
+            /**
+             * Node
+             * @description IP address of the node it runs on
+             */
+            node: string;
+            /** Pid */
+            pid: number;
+            /**
+             * Restarts
+             * @description times this replica died and was replaced
+             */
+            restarts: number;
+            /** Rss Bytes */
+            rss_bytes: number;
+            /**
+             * Sample Calls
+             * @description sample calls the front routed to this replica
+             */
+            sample_calls: number;
+            /** Tokens Sampled */
+            tokens_sampled: number;
+            /** Tokens Trained */
+            tokens_trained: number;
+        };
         /** RetokenizeRequest */
         RetokenizeRequest: {
             /** From Base */
@@ -968,6 +1000,11 @@ export interface components {
             };
             /** @description the sampler's shared-prefix KV cache, all bases */
             prefix_cache?: components["schemas"]["PrefixCacheStats"];
+            /**
+             * Replicas
+             * @description an engine of several replicas (engine.replicas): each one's figures; the figures above are their sums
+             */
+            replicas?: components["schemas"]["ReplicaStats"][] | null;
             /** Rss Bytes */
             rss_bytes: number;
             /** Tokens Sampled */

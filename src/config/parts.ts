@@ -4,6 +4,30 @@
 import { z } from "zod";
 import { name, nonNegInt, nonNegNum, posInt, posNum } from "../fields.ts";
 
+const Replica = z
+  .strictObject({
+    cpus: posNum()
+      .default(1)
+      .describe("CPUs Ray reserves for each replica (a local cluster gets replicas x cpus)"),
+    gpus: nonNegNum()
+      .optional()
+      .describe("GPUs per replica (default: 1 where the cluster has one for each replica, else 0)"),
+    threads: posInt()
+      .optional()
+      .describe("torch CPU threads per replica (default: engine.threads, else the replica's cpus)"),
+  })
+  .describe("resources of each engine replica (engine.replicas > 1)");
+
+const Ray = z
+  .strictObject({
+    address: name()
+      .optional()
+      .describe(
+        "address of an existing Ray cluster for the replicas (e.g. head-node:6379); omitted: the engine starts a local one",
+      ),
+  })
+  .describe("the Ray cluster the engine's replicas run on");
+
 export const Engine = z
   .strictObject({
     url: z
@@ -24,6 +48,13 @@ export const Engine = z
       .describe(
         "a call fails when the engine shows no progress for this long: no call or decode step finished and its compute thread used no CPU time (a slow engine that works never fails)",
       ),
+    replicas: posInt()
+      .default(1)
+      .describe(
+        "engine replicas (Ray actors) behind one engine API, each holding every base and adapter: sample calls go to the least-loaded one, training is data-parallel over all; 1: one engine process, no Ray",
+      ),
+    ray: Ray.prefault({}),
+    replica: Replica.prefault({}),
   })
   .describe("where the compute engine runs");
 

@@ -60,6 +60,30 @@ export interface Summary {
   lastRewards: number[];
   eval: { before?: EvalSummary; after?: EvalSummary };
   checkpoint?: string;
+  /** An engine of several replicas (engine.replicas): what each did, from the engine's stats at the end. */
+  replicas?: ReplicaSummary[];
+}
+
+export interface ReplicaSummary {
+  index: number;
+  node: string;
+  restarts: number;
+  sampleCalls: number;
+  tokensSampled: number;
+  tokensTrained: number;
+}
+
+/** The replicas' figures of the engine's stats (none for one engine, or an engine that does not answer). */
+async function replicaSummary(engine: ComputeEngine): Promise<ReplicaSummary[] | undefined> {
+  const stats = await engine.stats({ timeoutMs: 30_000 }).catch(() => undefined);
+  return stats?.replicas?.map((r) => ({
+    index: r.index,
+    node: r.node,
+    restarts: r.restarts,
+    sampleCalls: r.sample_calls,
+    tokensSampled: r.tokens_sampled,
+    tokensTrained: r.tokens_trained,
+  }));
 }
 
 export interface EvalSummary {
@@ -262,6 +286,8 @@ async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
       .flatMap((r) => (r["reward/mean"] === undefined ? [] : [r["reward/mean"]]));
     summary.firstRewards = rewards.slice(0, 3);
     summary.lastRewards = rewards.slice(-3);
+    const replicas = await replicaSummary(trainer.engine);
+    if (replicas) summary.replicas = replicas;
     writeFileAtomic(run.summaryPath, `${JSON.stringify(summary, null, 2)}\n`);
     await handle.stop().catch(() => {});
   }
