@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -32,12 +33,14 @@ from marft_engine.schemas import (
     BaseCreate,
     CheckpointRequest,
     Datum,
+    ForwardBackwardBatch,
     ForwardBackwardRequest,
     ForwardRequest,
     LoraConfig,
     OptimizerConfig,
     OptimStepRequest,
     PPOConfig,
+    RetokenizeRequest,
     SampleBatch,
     SampleRequest,
     SamplingParams,
@@ -56,11 +59,13 @@ Target = Engine | ReplicaGroup
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[ReplicaGroup, Engine]]:
     lost = threading.Event()
-    group = ReplicaGroup(ReplicaOptions(replicas=2, device="cpu", cpus=1, threads=1), on_lost=lost.set)
+    root = tempfile.gettempdir()  # checkpoints go to pytest's tmp_path
+    options = ReplicaOptions(replicas=2, device="cpu", cpus=1, threads=1, checkpoint_root=root)
+    group = ReplicaGroup(options, on_lost=lost.set)
     group.lost_event = lost  # type: ignore[attr-defined]
-    one = Engine(device="cpu")
+    one = Engine(device="cpu", checkpoint_root=root)
     for e in (group, one):
-        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0))
+        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
     yield group, one
     group.close()
     one.close()
@@ -278,6 +283,36 @@ def test_a_change_a_survivor_applied_counts_as_done(pair: tuple[ReplicaGroup, En
         assert "late" in [a.name for a in ray.get(s.call("list_adapters")).adapters]
     assert_replicas_identical(group)
     assert_matches_one_engine(group, one, "late")
+
+
+def test_the_front_serves_batches_retokenizing_and_progress(pair: tuple[ReplicaGroup, Engine]) -> None:
+    """What one engine answers beyond the basics: a forward_backward_batch is each call's sharded
+    forward_backward (same stats as one engine's call), retokenize answers from a replica, and the
+    health progress of the replicas moves with their work."""
+    group, one = pair
+    for e in (group, one):
+        e.create_adapter(policy("fb1", 21))
+        e.create_adapter(policy("fb2", 22))
+    calls = [
+        ForwardBackwardRequest(adapter=a, loss="ppo", data=ppo_batch(one, a, s))
+        for a, s in (("fb1", 5), ("fb2", 6))
+    ]
+    before = group.progress()
+    got = group.forward_backward_batch(ForwardBackwardBatch(calls=calls))
+    want = [one.forward_backward(c) for c in calls]
+    for g, w in zip(got.results, want, strict=True):
+        assert close(g.loss, w.loss) and g.num_data == w.num_data
+        assert close(g.stats["clipfrac"], w.stats["clipfrac"]) and close(
+            g.stats["approx_kl"], w.stats["approx_kl"]
+        )
+    after = group.progress()
+    assert after.beats > before.beats and after.compute_cpu_seconds >= before.compute_cpu_seconds
+    ids = [[5, 6, 7]]
+    body = RetokenizeRequest(from_base="b", to_base="b", ids=ids)
+    assert group.retokenize(body).ids == one.retokenize(body).ids
+    for e in (group, one):
+        for a in ("fb1", "fb2"):
+            e.delete_adapter(a)  # their gradients are not stepped: later tests start clean
 
 
 def test_checkpoints_are_written_once_and_loaded_by_all(
