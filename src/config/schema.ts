@@ -402,13 +402,6 @@ export const RunConfigSchema = RunConfigObject.superRefine((c, ctx) => {
       message: "replicas are set where the CLI starts the engine; the engine at engine.url has its own",
       input: c.engine.replicas,
     });
-  if (c.engine.url && (c.engine.replicas > 1 || c.engine.ray.address))
-    ctx.addIssue({
-      code: "custom",
-      path: ["engine", c.engine.replicas > 1 ? "replicas" : "ray"],
-      message: "replicas are set where the CLI starts the engine; the engine at engine.url has its own",
-      input: c.engine.replicas,
-    });
   if (c.algo.rewardRouting.kind === "per-role") {
     const roles = new Set(c.agents.map((a) => a.role));
     for (const role of Object.keys(c.algo.rewardRouting.roles)) {
