@@ -2,12 +2,12 @@
 // learning-progress scheduler, dynamic sampling and experience replay, killed with SIGKILL after a
 // checkpoint and resumed, writes the metrics of the uninterrupted run (task mix, drops, replayed
 // turns and their importance weights included), ignoring time/* and throughput/*.
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { RunDir } from "../src/train/rundir.ts";
-import { comparable, finish, marft, when } from "./helpers/cli.ts";
+import { comparable, finish, latestIs, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const CONFIG = join(ROOT, "configs", "tiny-multitask.yaml");
@@ -36,12 +36,7 @@ describe("resume with the training flow on", () => {
     const killed = join(tmp, "killed");
     const child = marft(["train", CONFIG, "--run-dir", killed, "--quiet", ...SETS]);
     const done = finish(child);
-    const latest = join(killed, "checkpoints", "latest");
-    await when(
-      child,
-      () => existsSync(latest) && readFileSync(latest, "utf8").trim() === "iter_2",
-      "its second checkpoint",
-    );
+    await when(child, () => latestIs(killed, "iter_2"), "its second checkpoint");
     child.kill("SIGKILL");
     expect((await done).signal).toBe("SIGKILL");
     const ckpt = new RunDir(killed).latestCheckpoint()!;

@@ -14,7 +14,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { ReplicaSummary } from "../src/train/run.ts";
 import { RunDir } from "../src/train/rundir.ts";
-import { comparable, finish, marft, when } from "./helpers/cli.ts";
+import { comparable, finish, latestIs, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const CONFIG = join(ROOT, "configs", "tiny-secret.yaml");
@@ -97,12 +97,7 @@ describe("a run on 2 replicas: resume and a replica's death reproduce the uninte
     const dir = join(tmp, "killed");
     const child = marft(["train", CONFIG, "--run-dir", dir, "--quiet", ...SHORT]);
     const done = finish(child);
-    const latest = join(dir, "checkpoints", "latest");
-    await when(
-      child,
-      () => existsSync(latest) && readFileSync(latest, "utf8").trim() === "iter_2",
-      "its second checkpoint",
-    );
+    await when(child, () => latestIs(dir, "iter_2"), "its second checkpoint");
     child.kill("SIGKILL"); // the engine and its Ray cluster follow their parent (--parent-pid)
     expect((await done).signal).toBe("SIGKILL");
     const b = await finish(marft(["train", "--resume", dir, "--quiet"]));

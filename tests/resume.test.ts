@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { RunDir } from "../src/train/rundir.ts";
-import { comparable, finish, marft, when } from "./helpers/cli.ts";
+import { comparable, finish, latestIs, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const SETS = [
@@ -31,11 +31,6 @@ const transcripts = (dir: string) => readFileSync(new RunDir(dir).transcriptsPat
 const config = join(ROOT, "configs", "tiny-secret.yaml");
 const tmp = mkdtempSync(join(tmpdir(), "marft-resume-"));
 const whole = join(tmp, "whole");
-
-const latestIs = (dir: string, name: string) => {
-  const latest = join(dir, "checkpoints", "latest");
-  return existsSync(latest) && readFileSync(latest, "utf8").trim() === name;
-};
 
 describe("resume and recovery reproduce the uninterrupted run", () => {
   beforeAll(async () => {

@@ -3,10 +3,11 @@
 //
 //   const child = marft(["train", config, "--quiet"]);
 //   const done = finish(child);                        // its output and exit, collected from now
-//   await when(child, () => existsSync(latest), "its first checkpoint");
+//   await when(child, () => latestIs(runDir, "iter_1"), "its first checkpoint");
 //   child.kill("SIGKILL");
 //   expect((await done).signal).toBe("SIGKILL");
 import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { TEST_ENGINE_ENV } from "./engine.ts";
 
@@ -44,6 +45,12 @@ export function when(child: ChildProcess, cond: () => boolean, what: string): Pr
       }
     }, 20);
   });
+}
+
+/** Whether the run directory's latest checkpoint is `name` (e.g. "iter_2"). */
+export function latestIs(dir: string, name: string): boolean {
+  const latest = join(dir, "checkpoints", "latest");
+  return existsSync(latest) && readFileSync(latest, "utf8").trim() === name;
 }
 
 /** metrics.jsonl rows without what differs from run to run (time/*, throughput/*). */
