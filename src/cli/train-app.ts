@@ -8,7 +8,7 @@ import type { MetricsRow } from "../train/phases.ts";
 import { RunDir } from "../train/rundir.ts";
 import { parseCommand } from "./args.ts";
 import { formatNumber, Progress } from "./progress.ts";
-import { reportError, summaryTable } from "./train.ts";
+import { RUN_OPTIONS, reportError, summaryTable } from "./train.ts";
 
 const USAGE = `usage: marft train-app <config.yaml> --app ./app.ts [options]
        marft train-app --resume runs/<name> --app ./app.ts [options]
@@ -33,15 +33,7 @@ export async function trainAppCommand(args: string[]): Promise<void> {
     "train-app",
     USAGE,
     args,
-    {
-      app: { type: "string" },
-      resume: { type: "string" },
-      set: { type: "string", multiple: true },
-      "run-dir": { type: "string" },
-      "engine-url": { type: "string" },
-      "engine-token-env": { type: "string" },
-      quiet: { type: "boolean" },
-    },
+    { app: { type: "string" }, ...RUN_OPTIONS },
     {
       positionals: ({ values, positionals }) =>
         !values.app || positionals.length > 1 || (positionals.length === 0 && !values.resume)

@@ -125,26 +125,23 @@ export function summaryTable(s: Summary, rows: MetricsRow[]): string {
   return table(out, ["summary", "value"]);
 }
 
+/** The options of a training run: `marft train`'s, and `marft train-app`'s besides --app. */
+export const RUN_OPTIONS = {
+  resume: { type: "string" },
+  set: { type: "string", multiple: true },
+  "run-dir": { type: "string" },
+  "engine-url": { type: "string" },
+  "engine-token-env": { type: "string" },
+  quiet: { type: "boolean" },
+} as const;
+
 export async function trainCommand(args: string[]): Promise<void> {
-  const parsed = parseCommand(
-    "train",
-    USAGE,
-    args,
-    {
-      resume: { type: "string" },
-      set: { type: "string", multiple: true },
-      "run-dir": { type: "string" },
-      "engine-url": { type: "string" },
-      "engine-token-env": { type: "string" },
-      quiet: { type: "boolean" },
-    },
-    {
-      positionals: ({ values, positionals }) =>
-        positionals.length > 1 || (positionals.length === 0 && !values.resume)
-          ? "expected one config file (or --resume DIR)"
-          : undefined,
-    },
-  );
+  const parsed = parseCommand("train", USAGE, args, RUN_OPTIONS, {
+    positionals: ({ values, positionals }) =>
+      positionals.length > 1 || (positionals.length === 0 && !values.resume)
+        ? "expected one config file (or --resume DIR)"
+        : undefined,
+  });
   if (!parsed) return;
   const { values, positionals } = parsed;
   try {
