@@ -2,32 +2,14 @@
 // SIGKILL while its second cell trains (after that cell's first checkpoint); rerunning the same
 // command reads the first cell back untouched, resumes the second from its checkpoint, and writes
 // the complete comparison.
-import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { readCompare } from "../src/dashboard/files.ts";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { finish, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
-
-function marft(args: string[]): ChildProcess {
-  return spawn(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
-    cwd: ROOT,
-    env: { ...process.env, ...TEST_ENGINE_ENV },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-}
-
-function finish(
-  child: ChildProcess,
-): Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> {
-  let out = "";
-  child.stdout?.on("data", (d) => (out += d));
-  child.stderr?.on("data", (d) => (out += d));
-  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal, out })));
-}
 
 describe("marft compare is resumable", () => {
   it("killed mid-job, rerun: finished cells read back, the running one resumed, the report complete", async () => {
@@ -49,17 +31,11 @@ checkpointEvery: 2
     const second = join(out, "cells", "slow", "seed-0");
     const child = marft(["compare", spec, "--out", out, "--quiet"]);
     const done = finish(child);
-    await new Promise<void>((resolve, reject) => {
-      const t = setInterval(() => {
-        if (existsSync(join(first, "cell.json")) && existsSync(join(second, "checkpoints", "latest"))) {
-          clearInterval(t);
-          resolve();
-        } else if (child.exitCode !== null) {
-          clearInterval(t);
-          reject(new Error("the job ended before its second cell's first checkpoint"));
-        }
-      }, 20);
-    });
+    await when(
+      child,
+      () => existsSync(join(first, "cell.json")) && existsSync(join(second, "checkpoints", "latest")),
+      "its second cell's first checkpoint",
+    );
     child.kill("SIGKILL");
     const k = await done;
     expect(k.signal).toBe("SIGKILL");

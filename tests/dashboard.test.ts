@@ -3,26 +3,18 @@
 // gains points while it trains without a reload, its transcripts colour tokens by advantage with
 // the log-prob on hover, and its report.html shows the same views with the network cut off.
 // Screenshots go to test-artifacts/ (git-ignored).
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type Browser, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { marft } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const CHROMIUM = "/usr/bin/chromium";
 const ARTIFACTS = join(ROOT, "test-artifacts");
 const ITERATIONS = 6;
-
-function marft(args: string[]): ChildProcess {
-  return spawn(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
-    cwd: ROOT,
-    env: { ...process.env, ...TEST_ENGINE_ENV },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-}
 
 /** Output of a child so far, and a promise of its exit. */
 function watch(child: ChildProcess) {

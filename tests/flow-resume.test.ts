@@ -2,13 +2,12 @@
 // learning-progress scheduler, dynamic sampling and experience replay, killed with SIGKILL after a
 // checkpoint and resumed, writes the metrics of the uninterrupted run (task mix, drops, replayed
 // turns and their importance weights included), ignoring time/* and throughput/*.
-import { type ChildProcess, spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { RunDir } from "../src/train/rundir.ts";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { comparable, finish, latestIs, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const CONFIG = join(ROOT, "configs", "tiny-multitask.yaml");
@@ -21,30 +20,6 @@ const SETS = [
   "train.replay={capacity: 64, reuse: 1, maxAge: 4}",
   "eval.n=4",
 ].flatMap((s) => ["--set", s]);
-
-function marft(args: string[]): ChildProcess {
-  return spawn(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
-    cwd: ROOT,
-    env: { ...process.env, ...TEST_ENGINE_ENV },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-}
-
-function finish(
-  child: ChildProcess,
-): Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> {
-  let out = "";
-  child.stdout?.on("data", (d) => (out += d));
-  child.stderr?.on("data", (d) => (out += d));
-  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal, out })));
-}
-
-const comparable = (rows: Array<Record<string, unknown>>) =>
-  rows.map((r) =>
-    Object.fromEntries(
-      Object.entries(r).filter(([k]) => !k.startsWith("time/") && !k.startsWith("throughput/")),
-    ),
-  );
 
 describe("resume with the training flow on", () => {
   it("a killed run resumes with the scheduler's state and the replay buffer exactly", async () => {
@@ -61,18 +36,7 @@ describe("resume with the training flow on", () => {
     const killed = join(tmp, "killed");
     const child = marft(["train", CONFIG, "--run-dir", killed, "--quiet", ...SETS]);
     const done = finish(child);
-    const latest = join(killed, "checkpoints", "latest");
-    await new Promise<void>((resolve, reject) => {
-      const t = setInterval(() => {
-        if (existsSync(latest) && readFileSync(latest, "utf8").trim() === "iter_2") {
-          clearInterval(t);
-          resolve();
-        } else if (child.exitCode !== null) {
-          clearInterval(t);
-          reject(new Error("the run ended before its second checkpoint"));
-        }
-      }, 20);
-    });
+    await when(child, () => latestIs(killed, "iter_2"), "its second checkpoint");
     child.kill("SIGKILL");
     expect((await done).signal).toBe("SIGKILL");
     const ckpt = new RunDir(killed).latestCheckpoint()!;

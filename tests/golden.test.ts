@@ -4,12 +4,11 @@
 // The fixtures were recorded before the restructuring of issue 12; a refactor must not move them.
 // A deliberate change of behaviour re-records them (MARFT_UPDATE_GOLDEN=1 npx vitest run
 // tests/golden.test.ts) and says why in its commit.
-import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { comparable, finish, marft } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const FIXTURES = join(import.meta.dirname, "fixtures", "golden");
@@ -41,35 +40,15 @@ const RUNS: Record<string, string[]> = {
 
 type Row = Record<string, unknown>;
 
-const comparable = (rows: Row[]): Row[] =>
-  rows.map((r) =>
-    Object.fromEntries(
-      Object.entries(r).filter(([k]) => !k.startsWith("time/") && !k.startsWith("throughput/")),
-    ),
-  );
-
 const readJsonl = (file: string): Row[] =>
   readFileSync(file, "utf8")
     .split("\n")
     .filter((l) => l.trim() !== "")
     .map((l) => JSON.parse(l) as Row);
 
-function train(
-  config: string,
-  sets: string[],
-  runDir: string,
-): Promise<{ code: number | null; out: string }> {
-  const args = [join(ROOT, "bin", "marft.mjs"), "train", config, "--quiet", "--run-dir", runDir];
-  for (const s of sets) args.push("--set", s);
-  const child = spawn(process.execPath, args, {
-    cwd: ROOT,
-    env: { ...process.env, ...TEST_ENGINE_ENV },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let out = "";
-  child.stdout.on("data", (d) => (out += d));
-  child.stderr.on("data", (d) => (out += d));
-  return new Promise((resolve) => child.on("exit", (code) => resolve({ code, out })));
+function train(config: string, sets: string[], runDir: string) {
+  const args = ["train", config, "--quiet", "--run-dir", runDir, ...sets.flatMap((s) => ["--set", s])];
+  return finish(marft(args));
 }
 
 /** Same keys; numbers equal up to 1e-9 relative (bit-identical on one machine; a little room for another CPU's kernels). */

@@ -8,14 +8,13 @@
 //   lost or trained twice) write the uninterrupted run's metrics.
 // The engine-level checks (a data-parallel step equals one engine's, a change a survivor applied is
 // not applied twice) are engine/tests/test_replicas.py.
-import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { ReplicaSummary } from "../src/train/run.ts";
 import { RunDir } from "../src/train/rundir.ts";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { comparable, finish, latestIs, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const CONFIG = join(ROOT, "configs", "tiny-secret.yaml");
@@ -27,45 +26,6 @@ const SHORT = [
   ...["--set", "eval.n=4", "--set", "train.evalEvery=2", "--set", "train.schedule=joint"],
 ];
 const tmp = mkdtempSync(join(tmpdir(), "marft-replicas-"));
-
-function marft(args: string[]): ChildProcess {
-  return spawn(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
-    cwd: ROOT,
-    env: { ...process.env, ...TEST_ENGINE_ENV },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-}
-
-function finish(
-  child: ChildProcess,
-): Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> {
-  let out = "";
-  child.stdout?.on("data", (d) => (out += d));
-  child.stderr?.on("data", (d) => (out += d));
-  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal, out })));
-}
-
-/** Resolves when `cond()` holds (polling), rejects if the child exits first. */
-function when(child: ChildProcess, cond: () => boolean, what: string): Promise<void> {
-  return new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => {
-      if (cond()) {
-        clearInterval(t);
-        resolve();
-      } else if (child.exitCode !== null || child.signalCode !== null) {
-        clearInterval(t);
-        reject(new Error(`the run ended before ${what}`));
-      }
-    }, 20);
-  });
-}
-
-const comparable = (rows: Array<Record<string, unknown>>) =>
-  rows.map((r) =>
-    Object.fromEntries(
-      Object.entries(r).filter(([k]) => !k.startsWith("time/") && !k.startsWith("throughput/")),
-    ),
-  );
 
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 
@@ -137,12 +97,7 @@ describe("a run on 2 replicas: resume and a replica's death reproduce the uninte
     const dir = join(tmp, "killed");
     const child = marft(["train", CONFIG, "--run-dir", dir, "--quiet", ...SHORT]);
     const done = finish(child);
-    const latest = join(dir, "checkpoints", "latest");
-    await when(
-      child,
-      () => existsSync(latest) && readFileSync(latest, "utf8").trim() === "iter_2",
-      "its second checkpoint",
-    );
+    await when(child, () => latestIs(dir, "iter_2"), "its second checkpoint");
     child.kill("SIGKILL"); // the engine and its Ray cluster follow their parent (--parent-pid)
     expect((await done).signal).toBe("SIGKILL");
     const b = await finish(marft(["train", "--resume", dir, "--quiet"]));

@@ -2,13 +2,12 @@
 // evaluation, at a random moment) and resumed with --resume writes the same metrics.jsonl (ignoring
 // time/* and throughput/*) and transcripts.jsonl as an uninterrupted run with the same seed, and
 // leaves no partial file.
-import { type ChildProcess, spawn } from "node:child_process";
 import { appendFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { RunDir } from "../src/train/rundir.ts";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { comparable, finish, latestIs, marft, when } from "./helpers/cli.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const SETS = [
@@ -27,55 +26,11 @@ const SETS = [
   "train.schedule=joint",
 ];
 
-function marft(args: string[], env: Record<string, string> = {}): ChildProcess {
-  return spawn(process.execPath, [join(ROOT, "bin", "marft.mjs"), ...args], {
-    cwd: ROOT,
-    env: { ...process.env, ...TEST_ENGINE_ENV, ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-}
-
-function finish(
-  child: ChildProcess,
-): Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> {
-  let out = "";
-  child.stdout?.on("data", (d) => (out += d));
-  child.stderr?.on("data", (d) => (out += d));
-  return new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal, out })));
-}
-
 const transcripts = (dir: string) => readFileSync(new RunDir(dir).transcriptsPath, "utf8");
-
-const comparable = (rows: Array<Record<string, unknown>>) =>
-  rows.map((r) =>
-    Object.fromEntries(
-      Object.entries(r).filter(([k]) => !k.startsWith("time/") && !k.startsWith("throughput/")),
-    ),
-  );
 
 const config = join(ROOT, "configs", "tiny-secret.yaml");
 const tmp = mkdtempSync(join(tmpdir(), "marft-resume-"));
 const whole = join(tmp, "whole");
-
-/** Resolves when `cond()` holds (polling), rejects if the child exits first. */
-function when(child: ChildProcess, cond: () => boolean, what: string): Promise<void> {
-  return new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => {
-      if (cond()) {
-        clearInterval(t);
-        resolve();
-      } else if (child.exitCode !== null) {
-        clearInterval(t);
-        reject(new Error(`the run ended before ${what}`));
-      }
-    }, 20);
-  });
-}
-
-const latestIs = (dir: string, name: string) => {
-  const latest = join(dir, "checkpoints", "latest");
-  return existsSync(latest) && readFileSync(latest, "utf8").trim() === name;
-};
 
 describe("resume and recovery reproduce the uninterrupted run", () => {
   beforeAll(async () => {

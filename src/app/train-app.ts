@@ -10,9 +10,8 @@
 //   });
 import { randomBytes } from "node:crypto";
 import { dirname, join, resolve } from "node:path";
-import { parseDocument } from "yaml";
 import { connectEngine, startLocalEngine } from "../client/launcher.ts";
-import { applySets, parseRunConfig } from "../config/load.ts";
+import { applySets, parseRunConfig, readYamlFile } from "../config/load.ts";
 import type { RunConfig, RunConfigInput } from "../config/schema.ts";
 import { ConfigError } from "../errors.ts";
 import { appTaskFiles } from "../envs/app/task.ts";
@@ -20,7 +19,6 @@ import { gatewayAgents } from "../gateway/agents.ts";
 import { Gateway } from "../gateway/server.ts";
 import type { ProgressEvent } from "../train/phases.ts";
 import { type EngineHandle, type Summary, train } from "../train/run.ts";
-import { readFileSync } from "node:fs";
 import { type AppRun, appSource } from "./source.ts";
 
 export type AppTasks<Task> = Task[] | { train: Task[]; eval?: Task[] };
@@ -66,21 +64,7 @@ export function appRunConfig(
   if (typeof config === "string") {
     source = config;
     dir = dirname(resolve(config));
-    let text: string;
-    try {
-      text = readFileSync(config, "utf8");
-    } catch (e) {
-      throw new ConfigError(config, [
-        `cannot read the file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
-      ]);
-    }
-    const doc = parseDocument(text, { prettyErrors: true });
-    if (doc.errors.length > 0)
-      throw new ConfigError(
-        config,
-        doc.errors.map((e) => `YAML: ${e.message.split("\n")[0]}`),
-      );
-    raw = doc.toJS();
+    raw = readYamlFile(config);
   }
   const withSets = applySets(raw, sets) as Record<string, unknown>;
   const c = parseRunConfig({ task: { kind: "app" }, ...withSets }, source);

@@ -1,10 +1,10 @@
 // `marft compare SPEC.yaml [--out DIR]`: every variant of the spec, every seed, the same budget; a
 // table on stdout, compare.json and compare.html in the out directory. Rerun the same command to
 // continue an interrupted job: finished cells are never recomputed.
-import { parseArgs } from "node:util";
 import { loadCompareSpec } from "../compare/spec.ts";
 import { compareRows, perTaskRows } from "../compare/table.ts";
 import { defaultOutDir, runCompare } from "../compare/run.ts";
+import { parseCommand } from "./args.ts";
 import { Progress, table } from "./progress.ts";
 import { engineConnector, reportError } from "./train.ts";
 import { resolve } from "node:path";
@@ -31,37 +31,21 @@ function duration(s: number | null): string {
 }
 
 export async function compareCommand(args: string[]): Promise<void> {
-  let parsed: ReturnType<typeof parse>;
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      allowPositionals: true,
-      options: {
-        out: { type: "string" },
-        only: { type: "string" },
-        "engine-url": { type: "string" },
-        "engine-token-env": { type: "string" },
-        quiet: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  try {
-    parsed = parse(args);
-  } catch (e) {
-    process.stderr.write(`marft compare: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  const parsed = parseCommand(
+    "compare",
+    USAGE,
+    args,
+    {
+      out: { type: "string" },
+      only: { type: "string" },
+      "engine-url": { type: "string" },
+      "engine-token-env": { type: "string" },
+      quiet: { type: "boolean" },
+    },
+    { positionals: "expected one spec file" },
+  );
+  if (!parsed) return;
   const { values, positionals } = parsed;
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
-  if (positionals.length !== 1) {
-    process.stderr.write(`marft compare: expected one spec file\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
   const abort = new AbortController();
   const onSigint = () => {
     if (abort.signal.aborted) process.exit(130);

@@ -2,8 +2,8 @@
 // `marft compare` results) in a folder and shows each run while it trains.
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { startDashboard } from "../dashboard/server.ts";
+import { parseCommand, usageError } from "./args.ts";
 
 const USAGE = `usage: marft dashboard [runs/] [options]
 
@@ -21,37 +21,18 @@ MARFT_DASHBOARD_TOKEN to choose it.
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "::1"]);
 
 export async function dashboardCommand(args: string[]): Promise<void> {
-  let parsed: ReturnType<typeof parse>;
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      allowPositionals: true,
-      options: {
-        port: { type: "string" },
-        host: { type: "string" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  try {
-    parsed = parse(args);
-  } catch (e) {
-    process.stderr.write(`marft dashboard: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  const parsed = parseCommand(
+    "dashboard",
+    USAGE,
+    args,
+    { port: { type: "string" }, host: { type: "string" } },
+    { positionals: ({ positionals }) => (positionals.length > 1 ? "expected one runs folder" : undefined) },
+  );
+  if (!parsed) return;
   const { values, positionals } = parsed;
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
   const port = Number(values.port ?? 6007);
-  if (positionals.length > 1 || !Number.isInteger(port) || port < 0 || port > 65535) {
-    const why =
-      positionals.length > 1 ? "expected one runs folder" : `--port: expected 0..65535, got "${values.port}"`;
-    process.stderr.write(`marft dashboard: ${why}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  if (!Number.isInteger(port) || port < 0 || port > 65535)
+    return usageError("dashboard", USAGE, `--port: expected 0..65535, got "${values.port}"`);
   const root = resolve(positionals[0] ?? "runs");
   const host = values.host ?? "127.0.0.1";
   let dash: Awaited<ReturnType<typeof startDashboard>>;

@@ -6,7 +6,6 @@
 // seeds; writes runs/demo/summary.json and runs/demo/report.html.
 import { mkdirSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { type ArithKind, arithmeticSplits } from "../envs/math/arith.ts";
@@ -17,6 +16,7 @@ import type { MetricsRow } from "../train/phases.ts";
 import { RunDir, writeFileAtomic } from "../train/rundir.ts";
 import { type Summary, train } from "../train/run.ts";
 import { setupEngine } from "../train/setup.ts";
+import { parseCommand } from "./args.ts";
 import { voteSamples } from "./demo-compare.ts";
 import { demoExtras, type Job, printTable, type SeedRun, summarize } from "./demo-report.ts";
 import { onInterrupt } from "./interrupt.ts";
@@ -203,35 +203,19 @@ function posIntFlag(name: string, v: string | undefined): number | undefined {
 }
 
 export async function demoCommand(args: string[]): Promise<void> {
-  let values: ReturnType<typeof parse>["values"];
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      options: {
-        seeds: { type: "string" },
-        iterations: { type: "string" },
-        eval: { type: "string" },
-        "train-problems": { type: "string" },
-        problems: { type: "string" },
-        team: { type: "string" },
-        baseline: { type: "string" },
-        set: { type: "string", multiple: true },
-        "set-baseline": { type: "string", multiple: true },
-        out: { type: "string" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  try {
-    values = parse(args).values;
-  } catch (e) {
-    process.stderr.write(`marft demo: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
+  const values = parseCommand("demo", USAGE, args, {
+    seeds: { type: "string" },
+    iterations: { type: "string" },
+    eval: { type: "string" },
+    "train-problems": { type: "string" },
+    problems: { type: "string" },
+    team: { type: "string" },
+    baseline: { type: "string" },
+    set: { type: "string", multiple: true },
+    "set-baseline": { type: "string", multiple: true },
+    out: { type: "string" },
+  })?.values;
+  if (!values) return;
   interrupt = onInterrupt();
   try {
     await demo(values);

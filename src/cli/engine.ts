@@ -5,7 +5,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
+import { parseCommand } from "./args.ts";
 
 const USAGE = `usage: marft engine serve [--host 127.0.0.1] [--port 8765] [--device auto|cpu|cuda] [--max-batch N]
                           [--checkpoint-root DIR]
@@ -34,35 +34,14 @@ export async function engineCommand(args: string[]): Promise<void> {
     process.exitCode = 2;
     return;
   }
-  let values: {
-    host?: string;
-    port?: string;
-    device?: string;
-    "max-batch"?: string;
-    "checkpoint-root"?: string;
-    help?: boolean;
-  };
-  try {
-    ({ values } = parseArgs({
-      args: rest,
-      options: {
-        host: { type: "string" },
-        port: { type: "string" },
-        device: { type: "string" },
-        "max-batch": { type: "string" },
-        "checkpoint-root": { type: "string" },
-        help: { type: "boolean", short: "h" },
-      },
-    }));
-  } catch (e) {
-    process.stderr.write(`marft engine serve: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
+  const values = parseCommand("engine serve", USAGE, rest, {
+    host: { type: "string" },
+    port: { type: "string" },
+    device: { type: "string" },
+    "max-batch": { type: "string" },
+    "checkpoint-root": { type: "string" },
+  })?.values;
+  if (!values) return;
   const device = values.device ?? "auto";
   if (!["auto", "cpu", "cuda"].includes(device)) {
     process.stderr.write(`marft engine serve: --device: expected auto, cpu or cuda, got "${device}"\n`);

@@ -3,12 +3,12 @@
 // the team of its latest checkpoint.
 import { existsSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { loadRunConfig } from "../config/load.ts";
 import { evalTasks, evaluate } from "../train/evaluate.ts";
 import { RunDir } from "../train/rundir.ts";
 import { setupEngine } from "../train/setup.ts";
 import { resolveRunPaths, runSuite } from "../train/suite.ts";
+import { parseCommand } from "./args.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { engineConnector, reportError } from "./train.ts";
 
@@ -26,41 +26,25 @@ options:
 `;
 
 export async function evalCommand(args: string[]): Promise<void> {
-  let parsed: ReturnType<typeof parse>;
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      allowPositionals: true,
-      options: {
-        data: { type: "string" },
-        n: { type: "string" },
-        k: { type: "string" },
-        sampled: { type: "boolean" },
-        set: { type: "string", multiple: true },
-        json: { type: "string" },
-        "engine-url": { type: "string" },
-        "engine-token-env": { type: "string" },
-        quiet: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  try {
-    parsed = parse(args);
-  } catch (e) {
-    process.stderr.write(`marft eval: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  const parsed = parseCommand(
+    "eval",
+    USAGE,
+    args,
+    {
+      data: { type: "string" },
+      n: { type: "string" },
+      k: { type: "string" },
+      sampled: { type: "boolean" },
+      set: { type: "string", multiple: true },
+      json: { type: "string" },
+      "engine-url": { type: "string" },
+      "engine-token-env": { type: "string" },
+      quiet: { type: "boolean" },
+    },
+    { positionals: "expected one config file or run directory" },
+  );
+  if (!parsed) return;
   const { values, positionals } = parsed;
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
-  if (positionals.length !== 1) {
-    process.stderr.write(`marft eval: expected one config file or run directory\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
   const intOpt = (name: string, v: string | undefined): number | undefined => {
     if (v === undefined) return undefined;
     if (!/^\d+$/.test(v)) throw new Error(`--${name}: expected a non-negative integer, got "${v}"`);

@@ -6,7 +6,6 @@ import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { appRunConfig, connector } from "../app/train-app.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { gatewayAgents } from "../gateway/agents.ts";
@@ -14,6 +13,7 @@ import { Gateway } from "../gateway/server.ts";
 import type { EngineHandle } from "../train/run.ts";
 import { RunDir } from "../train/rundir.ts";
 import { setupEngine } from "../train/setup.ts";
+import { parseCommand } from "./args.ts";
 import { reportError } from "./train.ts";
 
 const USAGE = `usage: marft serve <config.yaml | runs/<name> | runs/<name>/checkpoints/iter_N> [options]
@@ -62,39 +62,23 @@ export function resolveServeTarget(path: string, sets: string[]): Target {
 }
 
 export async function serveCommand(args: string[]): Promise<void> {
-  let values: ReturnType<typeof parse>["values"];
-  let positionals: string[];
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      allowPositionals: true,
-      options: {
-        host: { type: "string" },
-        port: { type: "string" },
-        token: { type: "string" },
-        "engine-url": { type: "string" },
-        "engine-token-env": { type: "string" },
-        set: { type: "string", multiple: true },
-        "max-body-mb": { type: "string" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  try {
-    ({ values, positionals } = parse(args));
-  } catch (e) {
-    process.stderr.write(`marft serve: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
-  if (positionals.length !== 1) {
-    process.stderr.write(`marft serve: expected one config, run directory or checkpoint\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  const parsed = parseCommand(
+    "serve",
+    USAGE,
+    args,
+    {
+      host: { type: "string" },
+      port: { type: "string" },
+      token: { type: "string" },
+      "engine-url": { type: "string" },
+      "engine-token-env": { type: "string" },
+      set: { type: "string", multiple: true },
+      "max-body-mb": { type: "string" },
+    },
+    { positionals: "expected one config, run directory or checkpoint" },
+  );
+  if (!parsed) return;
+  const { values, positionals } = parsed;
   const port = Number(values.port ?? "8080");
   const maxMb = Number(values["max-body-mb"] ?? "16");
   if (!Number.isInteger(port) || port < 0 || port > 65535 || !(maxMb > 0)) {

@@ -7,7 +7,7 @@ import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
+import { parseCommand } from "./args.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -33,27 +33,13 @@ function step(what: string, cmd: string, args: string[]): void {
 }
 
 export async function setupCommand(args: string[]): Promise<void> {
-  let values: { venv?: string; python?: string; "torch-index"?: string; smollm2?: boolean; help?: boolean };
-  try {
-    ({ values } = parseArgs({
-      args,
-      options: {
-        venv: { type: "string" },
-        python: { type: "string" },
-        "torch-index": { type: "string" },
-        smollm2: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    }));
-  } catch (e) {
-    process.stderr.write(`marft setup: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
+  const values = parseCommand("setup", USAGE, args, {
+    venv: { type: "string" },
+    python: { type: "string" },
+    "torch-index": { type: "string" },
+    smollm2: { type: "boolean" },
+  })?.values;
+  if (!values) return;
   const venv = resolve(values.venv ?? join(ROOT, ".venv"));
   const py = join(venv, "bin", "python");
   const engine = join(ROOT, "engine");

@@ -2,13 +2,13 @@
 // unmodified app module (src/app/module.ts says what it exports) through the gateway.
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { loadAppModule } from "../app/module.ts";
 import { appRunConfig, trainApp } from "../app/train-app.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { RunDir } from "../train/rundir.ts";
+import { parseCommand } from "./args.ts";
 import { formatNumber, Progress } from "./progress.ts";
-import { reportError, summaryTable } from "./train.ts";
+import { RUN_OPTIONS, reportError, summaryTable } from "./train.ts";
 
 const USAGE = `usage: marft train-app <config.yaml> --app ./app.ts [options]
        marft train-app --resume runs/<name> --app ./app.ts [options]
@@ -29,48 +29,27 @@ options:
 `;
 
 export async function trainAppCommand(args: string[]): Promise<void> {
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      allowPositionals: true,
-      options: {
-        app: { type: "string" },
-        resume: { type: "string" },
-        set: { type: "string", multiple: true },
-        "run-dir": { type: "string" },
-        "engine-url": { type: "string" },
-        "engine-token-env": { type: "string" },
-        quiet: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  let parsed: ReturnType<typeof parse>;
-  try {
-    parsed = parse(args);
-  } catch (e) {
-    process.stderr.write(`marft train-app: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  const parsed = parseCommand(
+    "train-app",
+    USAGE,
+    args,
+    { app: { type: "string" }, ...RUN_OPTIONS },
+    {
+      positionals: ({ values, positionals }) =>
+        !values.app || positionals.length > 1 || (positionals.length === 0 && !values.resume)
+          ? "expected one config file (or --resume DIR) and --app FILE"
+          : undefined,
+    },
+  );
+  if (!parsed) return;
   const { values, positionals } = parsed;
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
-  if (!values.app || positionals.length > 1 || (positionals.length === 0 && !values.resume)) {
-    process.stderr.write(
-      `marft train-app: expected one config file (or --resume DIR) and --app FILE\n\n${USAGE}`,
-    );
-    process.exitCode = 2;
-    return;
-  }
   try {
     if (values.resume && !existsSync(values.resume))
       throw new Error(`--resume: ${values.resume} does not exist`);
     const configFile = positionals[0] ?? join(values.resume!, "config.yaml");
     const sets = values.set ?? [];
     const { config } = appRunConfig(configFile, sets);
-    const app = await loadAppModule(values.app);
+    const app = await loadAppModule(values.app!);
     const runDir = resolve(values.resume ?? values["run-dir"] ?? join("runs", config.name));
     const quiet = values.quiet || !process.stderr.isTTY;
     const engineUrl = values["engine-url"];

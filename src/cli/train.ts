@@ -1,7 +1,6 @@
 // `marft train <config> [--resume DIR] [--set k=v ...] [--engine-url URL --engine-token-env VAR]`
 import { existsSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { connectEngine, ENGINE_CWD, startLocalEngine } from "../client/launcher.ts";
 import { checkBaseFiles, loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
@@ -9,6 +8,7 @@ import { ConfigError, MarftError } from "../errors.ts";
 import type { MetricsRow } from "../train/phases.ts";
 import { type EngineHandle, type ReplicaSummary, type Summary, train } from "../train/run.ts";
 import { resolveRunPaths, runSuite } from "../train/suite.ts";
+import { parseCommand } from "./args.ts";
 import { onInterrupt } from "./interrupt.ts";
 import { formatNumber, Progress, table } from "./progress.ts";
 import { writeRunReport } from "./report.ts";
@@ -125,39 +125,25 @@ export function summaryTable(s: Summary, rows: MetricsRow[]): string {
   return table(out, ["summary", "value"]);
 }
 
+/** The options of a training run: `marft train`'s, and `marft train-app`'s besides --app. */
+export const RUN_OPTIONS = {
+  resume: { type: "string" },
+  set: { type: "string", multiple: true },
+  "run-dir": { type: "string" },
+  "engine-url": { type: "string" },
+  "engine-token-env": { type: "string" },
+  quiet: { type: "boolean" },
+} as const;
+
 export async function trainCommand(args: string[]): Promise<void> {
-  let parsed: ReturnType<typeof parse>;
-  const parse = (a: string[]) =>
-    parseArgs({
-      args: a,
-      allowPositionals: true,
-      options: {
-        resume: { type: "string" },
-        set: { type: "string", multiple: true },
-        "run-dir": { type: "string" },
-        "engine-url": { type: "string" },
-        "engine-token-env": { type: "string" },
-        quiet: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
-  try {
-    parsed = parse(args);
-  } catch (e) {
-    process.stderr.write(`marft train: ${(e as Error).message}\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
+  const parsed = parseCommand("train", USAGE, args, RUN_OPTIONS, {
+    positionals: ({ values, positionals }) =>
+      positionals.length > 1 || (positionals.length === 0 && !values.resume)
+        ? "expected one config file (or --resume DIR)"
+        : undefined,
+  });
+  if (!parsed) return;
   const { values, positionals } = parsed;
-  if (values.help) {
-    process.stdout.write(USAGE);
-    return;
-  }
-  if (positionals.length > 1 || (positionals.length === 0 && !values.resume)) {
-    process.stderr.write(`marft train: expected one config file (or --resume DIR)\n\n${USAGE}`);
-    process.exitCode = 2;
-    return;
-  }
   try {
     let configFile = positionals[0];
     if (!configFile && values.resume) configFile = join(values.resume, "config.yaml");

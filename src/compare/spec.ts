@@ -11,10 +11,9 @@
 //   seeds: [1, 2, 3]
 //   budget: { sampledTokens: 20000 }      # or { iterations: 60 }
 //   eval: { n: 64 }
-import { readFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
-import { parseDocument } from "yaml";
 import { z } from "zod";
+import { readYamlFile } from "../config/load.ts";
 import { ConfigError } from "../errors.ts";
 import { errorMap, issueLines, name, nonNegInt, posInt } from "../fields.ts";
 import { BUILTIN_NAMES } from "./variants.ts";
@@ -123,23 +122,8 @@ export function parseCompareSpec(value: unknown, source = "compare spec"): Compa
 
 /** Read a spec file; returns it with the directory its paths are relative to. */
 export function loadCompareSpec(file: string): { spec: CompareSpec; dir: string } {
-  let text: string;
-  try {
-    text = readFileSync(file, "utf8");
-  } catch (e) {
-    throw new ConfigError(
-      file,
-      [`cannot read the file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`],
-      "invalid compare spec",
-    );
-  }
-  const doc = parseDocument(text, { prettyErrors: true });
-  if (doc.errors.length > 0) {
-    throw new ConfigError(
-      file,
-      doc.errors.map((e) => `YAML: ${e.message.split("\n")[0]}`),
-      "invalid compare spec",
-    );
-  }
-  return { spec: parseCompareSpec(doc.toJS(), file), dir: dirname(resolve(file)) };
+  return {
+    spec: parseCompareSpec(readYamlFile(file, "invalid compare spec"), file),
+    dir: dirname(resolve(file)),
+  };
 }

@@ -79,24 +79,31 @@ function setPath(root: Record<string | number, unknown>, path: Array<string | nu
   node[path[path.length - 1]!] = value;
 }
 
-/** Read a YAML run config, apply overrides, validate. */
-export function loadRunConfig(file: string, sets: string[] = []): RunConfig {
+/** A YAML file's value; an unreadable file or bad YAML is a ConfigError under `headline`. */
+export function readYamlFile(file: string, headline = "invalid run config"): unknown {
   let text: string;
   try {
     text = readFileSync(file, "utf8");
   } catch (e) {
-    throw new ConfigError(file, [
-      `cannot read the file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`,
-    ]);
+    throw new ConfigError(
+      file,
+      [`cannot read the file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`],
+      headline,
+    );
   }
   const doc = parseDocument(text, { prettyErrors: true });
-  if (doc.errors.length > 0) {
+  if (doc.errors.length > 0)
     throw new ConfigError(
       file,
       doc.errors.map((e) => `YAML: ${e.message.split("\n")[0]}`),
+      headline,
     );
-  }
-  return parseRunConfig(applySets(doc.toJS(), sets), file);
+  return doc.toJS();
+}
+
+/** Read a YAML run config, apply overrides, validate. */
+export function loadRunConfig(file: string, sets: string[] = []): RunConfig {
+  return parseRunConfig(applySets(readYamlFile(file), sets), file);
 }
 
 /** The resolved config (defaults filled in) as YAML, for runs/<name>/config.yaml. */
