@@ -74,6 +74,11 @@ describe("every subcommand answers --help with its usage", () => {
       expect(r.stderr).not.toContain("    at ");
     }
   });
+  it("a path that is not there is a message, not a stack trace", () => {
+    const r = marft(["serve", "/nonexistent/team.yaml"]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe("marft serve: /nonexistent/team.yaml does not exist\n");
+  });
 });
 
 describe("config errors are caught before an engine starts or a run directory is made", () => {

@@ -8,6 +8,7 @@ import { tmpdir } from "node:os";
 import { basename, dirname, join, resolve } from "node:path";
 import { appRunConfig, connector } from "../app/train-app.ts";
 import type { RunConfig } from "../config/schema.ts";
+import { MarftError } from "../errors.ts";
 import { gatewayAgents } from "../gateway/agents.ts";
 import { Gateway } from "../gateway/server.ts";
 import type { EngineHandle } from "../train/run.ts";
@@ -41,7 +42,7 @@ interface Target {
 
 /** What the positional names: a config file, a run directory or a checkpoint directory. */
 export function resolveServeTarget(path: string, sets: string[]): Target {
-  if (!existsSync(path)) throw new Error(`${path} does not exist`);
+  if (!existsSync(path)) throw new MarftError(`${path} does not exist`);
   if (!statSync(path).isDirectory()) return { config: appRunConfig(path, sets, true).config };
   const dir = resolve(path);
   if (existsSync(join(dir, "config.yaml"))) {
@@ -53,10 +54,11 @@ export function resolveServeTarget(path: string, sets: string[]): Target {
   }
   const runDir = dirname(dirname(dir));
   if (/^iter_\d+$/.test(basename(dir)) && existsSync(join(runDir, "config.yaml"))) {
-    if (!existsSync(join(dir, "engine"))) throw new Error(`${path}: not a complete checkpoint (no engine/)`);
+    if (!existsSync(join(dir, "engine")))
+      throw new MarftError(`${path}: not a complete checkpoint (no engine/)`);
     return { config: appRunConfig(join(runDir, "config.yaml"), sets, true).config, checkpoint: dir };
   }
-  throw new Error(
+  throw new MarftError(
     `${path}: expected a config file, a run directory (with config.yaml) or a checkpoint (iter_N)`,
   );
 }
@@ -102,7 +104,7 @@ export async function serveCommand(args: string[]): Promise<void> {
     const remote = values["engine-url"];
     const engineToken = process.env[values["engine-token-env"] ?? config.engine.tokenEnv];
     if (remote && !engineToken)
-      throw new Error(
+      throw new MarftError(
         `--engine-url: set ${values["engine-token-env"] ?? config.engine.tokenEnv} to that engine's token`,
       );
     handle = await connector(config, logFile, remote ? { url: remote, token: engineToken! } : undefined)();
