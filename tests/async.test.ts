@@ -261,6 +261,36 @@ describe("train.async (in-memory engine)", () => {
     expect(trainer.state.dataCursor).toBe(12);
   });
 
+  it("a stop with a prefetch in flight: the saved state plays that rollout again (same tasks, same seeds)", async () => {
+    const sets = ["train.async={}", "train.iterations=5"];
+    const a = new FakeEngine();
+    a.textFor = seededLetter("ab");
+    const uninterrupted = await trainerOn(a, sets);
+    await uninterrupted.iteration(); // prefetches iteration 2
+    const saved = structuredClone(uninterrupted.state); // what a checkpoint now would write
+    await uninterrupted.iteration();
+    // resumed: a fresh trainer from the saved state, its engine's adapters where the run's were
+    const b = new FakeEngine();
+    b.textFor = seededLetter("ab");
+    const c = loadRunConfig(join(CONFIGS, "tiny-secret.yaml"), [
+      "train.tasksPerIter=4",
+      "train.samplesPerTask=2",
+      "train.schedule=joint",
+      ...sets,
+    ]);
+    await setupEngine(b, c);
+    for (const [name, v] of Object.entries(saved.adapterVersions)) b.adapters.get(name)!.version = v;
+    const resumed = new Trainer(c, runSuite(c, CONFIGS), b, { state: saved });
+    await resumed.syncVersions();
+    await resumed.iteration();
+    const played = (t: Trainer) => t.lastBatch!.episodes.map((e) => [e.taskId, e.seed]);
+    expect(played(resumed)).toEqual(played(uninterrupted));
+    expect(resumed.state.dataCursor).toBe(uninterrupted.state.dataCursor);
+    expect(resumed.state.adapterVersions).toEqual(uninterrupted.state.adapterVersions);
+    await uninterrupted.settle();
+    await resumed.settle();
+  });
+
   it("RolloutPipeline: who waited for whom", async () => {
     const p = new RolloutPipeline<number, string>();
     const a = await p.take(async () => {
