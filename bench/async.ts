@@ -34,6 +34,11 @@ export interface AsyncBenchSide {
   phases: Record<string, number>;
   /** async: turns trained on by their age in versions, summed over the run and the agents */
   staleness?: Record<string, number>;
+  /** the wall seconds between iteration ends that were measured */
+  gaps: number[];
+  /** several runs of a side: each run's seconds per iteration, and each run's reward curve */
+  runs?: number[];
+  rewardRuns?: number[][];
 }
 
 async function runSide(isAsync: boolean, iterations: number, threads: number): Promise<AsyncBenchSide> {
@@ -72,6 +77,7 @@ async function runSide(isAsync: boolean, iterations: number, threads: number): P
     wallSeconds: summary.wallSeconds,
     reward: rows.map((r) => r["reward/mean"] ?? Number.NaN),
     phases,
+    gaps,
   };
   if (isAsync) {
     const staleness: Record<string, number> = {};
@@ -86,22 +92,48 @@ async function runSide(isAsync: boolean, iterations: number, threads: number): P
   return side;
 }
 
+/** A side measured in several runs: the iteration gaps and the phase means pooled, the first run's curve. */
+function pooled(runs: AsyncBenchSide[], gaps: number[][]): AsyncBenchSide {
+  const keys = [...new Set(runs.flatMap((r) => Object.keys(r.phases)))];
+  return {
+    ...runs[0]!,
+    secondsPerIteration: mean(gaps.flat()),
+    phases: Object.fromEntries(keys.map((k) => [k, mean(runs.map((r) => r.phases[k] ?? 0))])),
+    runs: runs.map((r) => r.secondsPerIteration),
+    rewardRuns: runs.map((r) => r.reward),
+  };
+}
+
 export async function benchAsync(opts: { quick?: boolean; log?: (s: string) => void } = {}): Promise<{
-  settings: { config: string; iterations: number; threads: number };
+  settings: { config: string; iterations: number; threads: number; order: string };
   sync: AsyncBenchSide;
   async: AsyncBenchSide;
   async_speedup: number;
 }> {
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
-  const iterations = opts.quick ? 30 : 60;
+  // runs in the order sync, async, async, sync, so a slow spell of this shared machine falls on both
+  // sides; --quick: 6 iterations each; the full bench: the whole recipe (60), whose curves show learning
+  const iterations = opts.quick ? 6 : 60;
+  const order = [false, true, true, false];
   const threads = 2;
-  // synchronous first, then asynchronous: each on an engine of its own, started the same way
-  const sync = await runSide(false, iterations, threads);
-  log(`async bench: sync  ${sync.secondsPerIteration.toFixed(3)} s/iteration`);
-  const asyncSide = await runSide(true, iterations, threads);
-  log(`async bench: async ${asyncSide.secondsPerIteration.toFixed(3)} s/iteration`);
+  const runs: Record<"sync" | "async", AsyncBenchSide[]> = { sync: [], async: [] };
+  const gaps: Record<"sync" | "async", number[][]> = { sync: [], async: [] };
+  for (const isAsync of order) {
+    const r = await runSide(isAsync, iterations, threads);
+    const key = isAsync ? "async" : "sync";
+    runs[key].push(r);
+    gaps[key].push(r.gaps);
+    log(`async bench: ${key.padEnd(5)} ${r.secondsPerIteration.toFixed(3)} s/iteration`);
+  }
+  const sync = pooled(runs.sync, gaps.sync);
+  const asyncSide = pooled(runs.async, gaps.async);
   return {
-    settings: { config: "configs/tiny-secret.yaml", iterations, threads },
+    settings: {
+      config: "configs/tiny-secret.yaml",
+      iterations,
+      threads,
+      order: order.map((a) => (a ? "async" : "sync")).join(","),
+    },
     sync,
     async: asyncSide,
     async_speedup: sync.secondsPerIteration / asyncSide.secondsPerIteration,
