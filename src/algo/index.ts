@@ -14,7 +14,7 @@ export {
 } from "./credit.ts";
 export { type GaeResult, actionGae, tokenGae } from "./gae.ts";
 export { flatGroups, groupRelative } from "./baselines.ts";
-export { truncatedImportanceWeights, weightedAdvantages } from "./offpolicy.ts";
+export { cappedImportanceWeights, truncatedImportanceWeights, weightedAdvantages } from "./offpolicy.ts";
 export { type RewardRouting, routeRewards } from "./rewards.ts";
 export { DEFAULT_ZERO_EPS, normalizePerAgent, ZeroAdvantageDetector } from "./normalize.ts";
 export {

@@ -1,4 +1,5 @@
-// Off-policy correction for replayed turns (experience replay), decoupled-PPO style (Hilton et al.
+// Off-policy correction for replayed turns (experience replay) and for the turns an asynchronous
+// rollout sampled while the adapter was updating (train.async), decoupled-PPO style (Hilton et al.
 // 2022, "Batch size-invariance for policy optimization"), with truncated importance weights as in
 // V-trace (Espeholt et al. 2018).
 //
@@ -34,6 +35,24 @@ export function truncatedImportanceWeights(
   }
   if (!(cap > 0)) throw new Error(`truncatedImportanceWeights: cap must be positive, got ${cap}`);
   return proxLogprobs.map((lp, t) => Math.min(cap, Math.exp(lp - behaviourLogprobs[t]!)));
+}
+
+/**
+ * Decoupled PPO's behaviour weights with AReaL's cap, per token: the untruncated ratio where it is at
+ * most `cap`, and 0 (the token is left out) where the policy has moved further from the sampler:
+ * unbiased where kept, instead of truncation's bias towards tokens that became less likely.
+ *   proxLogprobs [L], behaviourLogprobs [L] → w [L],  w_t = r_t if r_t <= cap else 0,
+ *   r_t = exp(proxLogprobs_t − behaviourLogprobs_t)
+ */
+export function cappedImportanceWeights(
+  proxLogprobs: readonly number[],
+  behaviourLogprobs: readonly number[],
+  cap: number,
+): number[] {
+  // the same checks and ratios as truncation; a ratio above the cap is what differs
+  const truncated = truncatedImportanceWeights(proxLogprobs, behaviourLogprobs, Number.POSITIVE_INFINITY);
+  if (!(cap > 0)) throw new Error(`cappedImportanceWeights: cap must be positive, got ${cap}`);
+  return truncated.map((r) => (r <= cap ? r : 0));
 }
 
 /**

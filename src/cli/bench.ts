@@ -10,6 +10,8 @@
 //   rollout  bench/rollout.ts: MARFT's rollout vs the reference's sampling scheme, 2 and 4 agents,
 //            seeds 1-3
 //   replicas bench/replicas.ts: one rollout on 2 engine replicas of 1 thread (Ray) vs 1 engine of 2
+//   async    bench/async.ts: wall time per iteration of tiny-secret, synchronous vs train.async, with
+//            both reward curves and the phase timings
 import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
@@ -41,14 +43,14 @@ function machine(): Record<string, unknown> {
   };
 }
 
-const USAGE = `usage: marft bench [--quick] [--only=engine,sandbox,rollout] [--episodes=N]
+const USAGE = `usage: marft bench [--quick] [--only=engine,sandbox,speed,rollout,replicas,async] [--episodes=N]
 
 Measures the speed and memory figures (each a ratio against a baseline measured in the same run) and
 writes bench/results.json.
 
 options:
   --quick            shorter measurements
-  --only=PARTS       some of engine, sandbox, rollout (default: all)
+  --only=PARTS       some of engine, sandbox, speed, rollout, replicas, async (default: all)
   --episodes=N       episodes of the rollout comparison
   -h, --help         this text
 `;
@@ -141,12 +143,19 @@ export async function benchCommand(args: string[]): Promise<void> {
     results["replicas"] = await benchReplicas({ quick, ...(episodes ? { episodes } : {}) });
   }
 
+  if (want("async")) {
+    process.stderr.write("bench: async (tiny-secret, synchronous vs train.async)...\n");
+    const { benchAsync } = await import("../../bench/async.ts");
+    results["async"] = await benchAsync({ quick });
+  }
+
   // The headline keys, flat, as the README and the issues name them.
   const engine = (results["engine"] ?? {}) as Record<string, unknown>;
   const sandbox = (results["sandbox"] ?? {}) as Record<string, unknown>;
   const roll = (results["rollout"] ?? {}) as Record<string, unknown>;
   const speed = (results["speed"] ?? {}) as Record<string, unknown>;
   const replicas = (results["replicas"] ?? {}) as Record<string, unknown>;
+  const asyncPart = (results["async"] ?? {}) as Record<string, unknown>;
   const headline: Record<string, unknown> = {
     rollout_speedup_2_agents: roll["rollout_speedup_2_agents"],
     rollout_speedup_4_agents: roll["rollout_speedup_4_agents"],
@@ -161,6 +170,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     sandbox_runs_per_s: sandbox["sandbox_runs_per_s"],
     train_tokens_per_s: engine["train_tokens_per_s"],
     ray_rollout_scaling_2_replicas: replicas["ray_rollout_scaling_2_replicas"],
+    async_speedup: asyncPart["async_speedup"],
   };
   Object.assign(results, headline, { seconds: (Date.now() - t0) / 1000 });
   writeFileAtomic(out, `${JSON.stringify(results, null, 2)}\n`);
@@ -179,6 +189,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     sandbox_runs_per_s: "",
     train_tokens_per_s: "",
     ray_rollout_scaling_2_replicas: "",
+    async_speedup: ">= 1.25 (issue 14; one engine's compute thread serialises sampling and training)",
   };
   const rows = Object.entries(headline).map(([k, v]) => ({
     figure: k,

@@ -1,6 +1,6 @@
 // The run config's keys of the sample-efficient training flow (issue 15), all off by default:
-// dynamic sampling, experience replay and the task scheduler of multi-task runs, with their
-// cross-field checks. They are fields of `train` (schema.ts); they live here to keep that file short.
+// dynamic sampling, experience replay, the task scheduler of multi-task runs, and asynchronous
+// training (issue 14), with their cross-field checks. They are fields of `train` (schema.ts); they live here to keep that file short.
 import { z } from "zod";
 import { nonNegInt, posInt, posNum, unit } from "../fields.ts";
 
@@ -33,6 +33,27 @@ export const Replay = z
     "experience replay: past turns with their behaviour log-probs, mixed into each PPO batch with truncated importance weights; {} for the defaults, null: off",
   );
 
+export const Async = z
+  .strictObject({
+    maxStaleness: nonNegInt()
+      .default(4)
+      .describe(
+        "no turn is trained on whose adapter version is more than this many versions behind the adapter being updated (one optimizer step is one version; an agent's own agents[i].maxStaleness overrides it); such turns are dropped and counted",
+      ),
+    correction: z
+      .enum(["decoupled", "truncated-is"], { error: 'expected "decoupled" or "truncated-is"' })
+      .default("decoupled")
+      .describe(
+        "off-policy turns, both around pi_prox from a forward pass of the adapter now: decoupled PPO weights the advantages by pi_prox / pi_behaviour and leaves out tokens whose weight exceeds clip; truncated-is weights them by min(clip, pi_prox / pi_behaviour)",
+      ),
+    clip: posNum()
+      .default(2)
+      .describe("the cap of the importance weights pi_prox / pi_behaviour (per token)"),
+  })
+  .describe(
+    "asynchronous training: the next iteration's rollout runs while this one's update does; {} for the defaults, null: the synchronous loop. Not bit-reproducible: timing decides which version a turn sees",
+  );
+
 export const TaskScheduler = z
   .discriminatedUnion("kind", [
     z
@@ -59,12 +80,15 @@ export const TaskScheduler = z
 /** What the checks read of a run config (structural, so this file need not import schema.ts). */
 interface FlowView {
   task?: unknown;
+  agents: Array<{ maxStaleness?: number }>;
   tasks?: Array<{ name: string; graph?: { kind: string; edges?: Array<[string, string]> } }>;
   train: {
     samplesPerTask: number;
     taskScheduler?: unknown;
     dynamicSampling: unknown;
     replay: { maxAge: number } | null;
+    async: unknown;
+    offPolicy: boolean;
   };
   ppo: { epochs: number; minibatches: number };
 }
@@ -115,6 +139,23 @@ export function checkTrainingFlow(
       path: ["train", "dynamicSampling"],
       message: "expected train.samplesPerTask >= 2: dynamic sampling drops groups of episodes of one task",
       input: c.train.dynamicSampling,
+    });
+  c.agents.forEach((a, i) => {
+    if (a.maxStaleness !== undefined && !c.train.async)
+      ctx.addIssue({
+        code: "custom",
+        path: ["agents", i, "maxStaleness"],
+        message: "a staleness bound needs asynchronous training (train.async)",
+        input: a.maxStaleness,
+      });
+  });
+  if (c.train.async && c.train.offPolicy)
+    ctx.addIssue({
+      code: "custom",
+      path: ["train", "offPolicy"],
+      message:
+        "train.async bounds and corrects stale turns itself; train.offPolicy (accept any age) contradicts its bound",
+      input: true,
     });
   const stepsPerIteration = c.ppo.epochs * c.ppo.minibatches;
   if (c.train.replay && c.train.replay.maxAge < stepsPerIteration)

@@ -159,5 +159,10 @@ export const Agent = z
       .describe("false: the agent acts but never updates"),
     sampling: Sampling.prefault({}),
     lr: posNum().default(1e-5).describe("policy learning rate (AdamW)"),
+    maxStaleness: nonNegInt()
+      .optional()
+      .describe(
+        "train.async: this agent's bound on the versions a trained turn may lag its adapter (default train.async.maxStaleness)",
+      ),
   })
   .describe("an agent profile (DESIGN §3)");

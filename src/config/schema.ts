@@ -4,7 +4,7 @@
 // section is the union of the task families' own schemas (src/envs/tasks.ts).
 import { z } from "zod";
 import { TaskSchema } from "../envs/tasks.ts";
-import { checkTrainingFlow, DynamicSampling, Replay, TaskScheduler } from "./flow.ts";
+import { Async, checkTrainingFlow, DynamicSampling, Replay, TaskScheduler } from "./flow.ts";
 import { name, nonNegInt, nonNegNum, posInt, posNum, unit } from "../fields.ts";
 import { findCycle } from "../flexmg/graph.ts";
 import { Agent, Base, Engine, layerList } from "./parts.ts";
@@ -195,6 +195,7 @@ const Train = z
       ),
     dynamicSampling: DynamicSampling.nullable().default(null),
     replay: Replay.nullable().default(null),
+    async: Async.nullable().default(null),
     taskScheduler: TaskScheduler.optional(),
   })
   .describe("the schedule of the run");

@@ -6,5 +6,5 @@ export {
   type RolloutStats,
   rollout,
 } from "./rollout.ts";
-export { checkStaleness } from "./stale.ts";
+export { checkStaleness, turnAge } from "./stale.ts";
 export type { Episode, Turn } from "./types.ts";

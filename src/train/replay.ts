@@ -104,16 +104,33 @@ export async function correctReplayed(
     versions,
     { maxAge: opts.maxAge },
   );
+  return proximalCorrection(engine, adapter, replayed, versions, (prox, mu) =>
+    truncatedImportanceWeights(prox, mu, opts.clip),
+  );
+}
+
+/**
+ * Off-policy actions (replayed, or sampled by an older version during an asynchronous update) as PPO
+ * items around the proximal policy: π_prox from one forward pass of `adapter` now, PPO's old
+ * log-probs = π_prox, advantages scaled by the per-token weights `weigh(π_prox, μ)` [L].
+ */
+export async function proximalCorrection(
+  engine: ComputeEngine,
+  adapter: string,
+  actions: ReadonlyArray<{ step: Step; advantages: readonly number[] }>,
+  versions: Readonly<Record<string, number>>,
+  weigh: (prox: readonly number[], behaviour: readonly number[]) => number[],
+): Promise<ReplayCorrection> {
   const out: ReplayCorrection = { items: [], weights: [], ratios: [], ages: [] };
-  if (replayed.length === 0) return out;
+  if (actions.length === 0) return out;
   const prox = await recomputeLogprobs(
     engine,
     adapter,
-    replayed.map((x) => x.step),
+    actions.map((x) => x.step),
   );
-  replayed.forEach((x, i) => {
+  actions.forEach((x, i) => {
     const lp = prox.oldLogprobs[i]!;
-    const w = truncatedImportanceWeights(lp, x.step.turn.logprobs, opts.clip);
+    const w = weigh(lp, x.step.turn.logprobs);
     out.items.push({ step: x.step, advantages: weightedAdvantages(x.advantages, w), oldLogprobs: lp });
     out.weights.push(w);
     out.ratios.push(lp.map((l, t) => Math.exp(l - x.step.turn.logprobs[t]!)));

@@ -241,6 +241,7 @@ async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
         if (!(await engineDown(trainer.engine, e)) || restarts >= (opts.maxRestarts ?? 3)) throw e;
         restarts++;
         log(`the engine died during iteration ${it + 1} (${(e as Error).message}); restarting it`);
+        await trainer.settle(); // a rollout prefetched against the dead engine (train.async)
         await handle.stop().catch(() => {});
         handle = await opts.connect();
         run.recordEngine(handle.pid);
@@ -286,6 +287,7 @@ async function trainLocked(opts: TrainOptions, run: RunDir): Promise<Summary> {
       .flatMap((r) => (r["reward/mean"] === undefined ? [] : [r["reward/mean"]]));
     summary.firstRewards = rewards.slice(0, 3);
     summary.lastRewards = rewards.slice(-3);
+    await trainer.settle(); // a rollout still in flight (train.async, a stop mid-run) is not trained on
     const replicas = await replicaSummary(trainer.engine);
     if (replicas) summary.replicas = replicas;
     writeFileAtomic(run.summaryPath, `${JSON.stringify(summary, null, 2)}\n`);

@@ -61,6 +61,8 @@ export interface TrainerState {
   sampledTokens?: number;
   /** Multi-task runs: the task scheduler (its PRNG, the tasks' cursors and reward averages). */
   scheduler?: SchedulerState;
+  /** train.async: the rollout seeds' PRNG (they do not come from `rng` there). */
+  rolloutRng?: RngState;
   /** Experience replay: the buffer (written next to trainer.json as replay.json). */
   replay?: ReplayState;
 }

@@ -3,6 +3,8 @@
 //
 // All randomness of the loop (task order, sample seeds, minibatch order) comes from one seeded PRNG
 // whose state is checkpointed, so on CPU a resumed run reproduces the uninterrupted run's metrics.
+// Under train.async the next iteration's rollout runs during this one's update (async.ts); its
+// seeds then come from a PRNG of their own, and timing decides which adapter version a turn sees.
 import {
   type Credit,
   ESTIMATORS,
@@ -14,8 +16,18 @@ import { adapterVersions, type ComputeEngine } from "../client/compute.ts";
 import { adapterOf, adapterOwners, usesCritic } from "../config/derived.ts";
 import { CRITIC_ADAPTER, type RunConfig } from "../config/schema.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
-import { Rng } from "../rng.ts";
-import { checkStaleness } from "../rollout/index.ts";
+import { mixSeed, Rng, type RngState } from "../rng.ts";
+import { checkStaleness, type Episode, type Turn } from "../rollout/index.ts";
+import {
+  type AsyncConfig,
+  boundStaleness,
+  correctStale,
+  RolloutPipeline,
+  type StalenessCheck,
+  splitByAge,
+  stalenessBound,
+  timeOptimSteps,
+} from "./async.ts";
 import { type Batch, sampleBatch } from "./dynamic.ts";
 import { asSource, type EpisodeSource } from "./episodes.ts";
 import { type EvalResult, evalTasks, evaluate } from "./evaluate.ts";
@@ -24,7 +36,7 @@ import { type MetricsRow, Phases, type ProgressEvent } from "./phases.ts";
 import { correctReplayed, ReplayBuffer, replayAdapterMetrics } from "./replay.ts";
 import type { TrainerState } from "./rundir.ts";
 import { criticView, valuesInAgentLayout } from "./critic-view.ts";
-import { updatingAdapters } from "./schedule.ts";
+import { trainingDone, updatingAdapters } from "./schedule.ts";
 import { creditBatch, type Step, toSteps } from "./steps.ts";
 import { TaskSource } from "./task-source.ts";
 import type { TrainedBatch } from "./transcripts.ts";
@@ -46,8 +58,13 @@ export interface TrainerOptions {
   onProgress?: (e: ProgressEvent) => void;
 }
 
+type RolloutBatch = Batch & { sampling: MetricsRow };
+/** What a checkpoint keeps of the rollout side: the task stream and the rollout seeds (async). */
+type RolloutState = ReturnType<TaskSource["save"]> & { rolloutRng?: RngState };
+
 export class Trainer {
   state: TrainerState;
+  readonly engine: ComputeEngine;
   readonly detector = new ZeroAdvantageDetector();
   private readonly rng: Rng;
   private versions: Record<string, number> = {};
@@ -61,6 +78,11 @@ export class Trainer {
   private trainedCounts = { fresh: 0, replayed: 0 };
   private readonly log: (line: string) => void;
   private readonly onProgress: (e: ProgressEvent) => void;
+  /** train.async: the rollout in flight ahead of the trainer, its seeds, and optim_step's time. */
+  private readonly async: AsyncConfig | null;
+  private readonly pipeline = new RolloutPipeline<RolloutBatch, RolloutState>();
+  private readonly seeds: Rng;
+  private readonly optimTime: (() => number) | null = null;
 
   /** The tasks, and where the episodes of the rollout come from (an env suite, an app). */
   readonly suite: EpisodeSource;
@@ -70,9 +92,16 @@ export class Trainer {
   constructor(
     readonly config: RunConfig,
     suite: TaskSuite<unknown> | EpisodeSource,
-    readonly engine: ComputeEngine,
+    engine: ComputeEngine,
     opts: TrainerOptions = {},
   ) {
+    this.async = config.train.async;
+    if (this.async) {
+      const timed = timeOptimSteps(engine);
+      engine = timed.engine;
+      this.optimTime = timed.take;
+    }
+    this.engine = engine;
     this.given = suite;
     this.suite = asSource(suite);
     if (this.suite.train.length === 0) throw new Error(`task ${this.suite.name}: the train split is empty`);
@@ -86,6 +115,8 @@ export class Trainer {
       sampledTokens: 0,
     };
     this.rng = new Rng(this.state.rng);
+    // synchronous: the rollout draws its seeds from the loop's PRNG, as it always did
+    this.seeds = this.async ? new Rng(this.state.rolloutRng ?? mixSeed(config.seed, 0xa5c)) : this.rng;
     this.tasks = new TaskSource(config, suite, this.state);
     this.replay = config.train.replay ? new ReplayBuffer(config.train.replay, this.state.replay) : null;
     for (const [a, n] of Object.entries(this.state.zeroAdvantageBatches)) this.detector.zeroBatches[a] = n;
@@ -107,9 +138,10 @@ export class Trainer {
     const phases = new Phases(it, this.onProgress);
 
     // 1. rollout: the team plays this iteration's tasks (under dynamic sampling, groups without signal
-    //    are replaced by fresh tasks); no turn may come from an outdated adapter
+    //    are replaced by fresh tasks); no turn may come from an outdated adapter, or under train.async
+    //    (played during the last update) none more than its agent's bound behind: those are dropped
     const { episodes, stats, sampling } = await phases.run("rollout", (progress) => this.rollout(progress));
-    const stale = checkStaleness(episodes, this.versions, { offPolicy: c.train.offPolicy });
+    const stale = this.guard(episodes);
 
     // 2. steps: every action, with the env's per-action rewards and its routed share of the outcome
     const steps = toSteps(episodes, this.roleOf, c.algo.rewardRouting);
@@ -129,7 +161,7 @@ export class Trainer {
     // 4. PPO on each adapter the schedule updates (with replayed actions under experience replay)
     const policy: MetricsRow = {};
     const todo = updatingAdapters(c, it)
-      .map((adapter) => ({ adapter, items: this.itemsOf(adapter, steps, advantages) }))
+      .map((adapter) => ({ adapter, items: this.itemsOf(adapter, steps, advantages, stale.dropped) }))
       .filter((w) => w.items.length > 0);
     if (c.train.batchAdapters && todo.length > 1) {
       const label = `policy/${todo.map((w) => w.adapter).join("+")}`;
@@ -143,7 +175,7 @@ export class Trainer {
 
     // 5. the critic towards the returns
     const critic = usesCritic(c)
-      ? await phases.run("critic", () => updateCritic(this.engine, seen, raw, c, this.rng))
+      ? await phases.run("critic", () => updateCritic(this.engine, seen, raw, c, this.rng, stale.dropped))
       : null;
     if (critic) this.versions[CRITIC_ADAPTER] = critic.version;
 
@@ -160,17 +192,39 @@ export class Trainer {
       ...policy,
       ...replay,
       ...(critic ? metrics.valueMetrics(raw, critic.loss) : {}),
+      ...stale.row,
+      ...(this.optimTime ? { "async/sync_s": c.engine.replicas > 1 ? this.optimTime() : 0 } : {}),
       ...phases.times,
     };
   }
 
   /**
-   * The rollout of this iteration: the next tasks of the data stream (or the task scheduler's mix),
-   * a fresh seed from the loop's PRNG per rollout; refilled under dynamic sampling.
+   * The rollout of this iteration: under train.async the one prefetched during the last iteration
+   * (when there was one), after which the next iteration's starts, unless a checkpoint or the end of
+   * the run comes first (a checkpoint must not hold a half-played rollout).
    */
-  private async rollout(
-    onProgress: (done: number, total: number) => void,
-  ): Promise<Batch & { sampling: MetricsRow }> {
+  private async rollout(onProgress: (done: number, total: number) => void): Promise<RolloutBatch> {
+    if (!this.async) return this.account(await this.play(onProgress));
+    const { batch, timing } = await this.pipeline.take(() => this.play(onProgress));
+    this.account(batch);
+    // the run's state once this iteration is done: is it the last, or followed by a checkpoint?
+    const after = { iteration: this.state.iteration + 1, sampledTokens: this.state.sampledTokens };
+    const c = this.config;
+    const checkpoint = c.train.checkpointEvery > 0 && after.iteration % c.train.checkpointEvery === 0;
+    // the prefetch reports no progress: the bars show the phases of the iteration being trained
+    if (!trainingDone(c, after) && !checkpoint)
+      this.pipeline.prefetch(() => this.play(() => {}), this.rolloutState());
+    batch.sampling["async/trainer_wait_s"] = timing.trainerWait;
+    batch.sampling["async/rollout_wait_s"] = timing.rolloutWait;
+    batch.sampling["async/rollout_s"] = timing.rollout;
+    return batch;
+  }
+
+  /**
+   * Plays the next tasks of the data stream (or the task scheduler's mix), a fresh seed per rollout;
+   * refilled under dynamic sampling.
+   */
+  private async play(onProgress: (done: number, total: number) => void): Promise<RolloutBatch> {
     const c = this.config;
     this.tasks.begin();
     const batch = await sampleBatch({
@@ -183,16 +237,44 @@ export class Trainer {
           config: c,
           tasks,
           samplesPerTask: c.train.samplesPerTask,
-          seed: this.rng.seed(),
+          seed: this.seeds.seed(),
           onProgress,
         }),
       flat: (episodes) =>
         flatGroups(creditBatch(toSteps(episodes, this.roleOf, c.algo.rewardRouting), episodes, null).steps),
     });
     this.tasks.observe(batch.sampled);
+    return { ...batch, sampling: { ...batch.metrics, ...this.tasks.metrics(batch.sampled) } };
+  }
+
+  /** The batch's tokens count once it is trained on (a prefetched rollout's when it is taken). */
+  private account(batch: RolloutBatch): RolloutBatch {
     this.tokensSampled += batch.stats.tokensSampled;
     this.state.sampledTokens = (this.state.sampledTokens ?? 0) + batch.stats.tokensSampled;
-    return { ...batch, sampling: { ...batch.metrics, ...this.tasks.metrics(batch.sampled) } };
+    return batch;
+  }
+
+  /** The rollout side's state now: the task stream and, under train.async, the rollout seeds. */
+  private rolloutState(): RolloutState {
+    return { ...this.tasks.save(), ...(this.async ? { rolloutRng: this.seeds.state() } : {}) };
+  }
+
+  /** The stale-data guard: refuse outdated turns, or under train.async drop those beyond the bound. */
+  private guard(episodes: readonly Episode[]): Pick<StalenessCheck, "staleTurns" | "dropped" | "row"> {
+    const c = this.config;
+    if (!this.async)
+      return {
+        ...checkStaleness(episodes, this.versions, { offPolicy: c.train.offPolicy }),
+        dropped: new Set(),
+        row: {},
+      };
+    const ids = c.agents.map((a) => a.id);
+    return boundStaleness(episodes, this.versions, ids, stalenessBound(c, this.async));
+  }
+
+  /** Waits for a rollout still in flight and discards it (the run is stopping). */
+  settle(): Promise<void> {
+    return this.pipeline.settle();
   }
 
   /** Counts (and warns about) agents whose raw advantages are all zero: they get no gradient. */
@@ -208,7 +290,8 @@ export class Trainer {
   private advance(): void {
     this.state = {
       ...this.state,
-      ...this.tasks.save(),
+      // a prefetched rollout in flight is not part of the state: a resume plays it again
+      ...(this.pipeline.before ?? this.rolloutState()),
       ...(this.replay ? { replay: this.replay.state() } : {}),
       iteration: this.state.iteration + 1,
       rng: this.rng.state(),
@@ -242,7 +325,14 @@ export class Trainer {
 
   /** An adapter's update batch: old log-probs as PPO needs them, then replayed actions (if on). */
   private async prepare(adapter: string, items: PolicyItem[], row: MetricsRow): Promise<PolicyItem[]> {
-    const fresh = await this.oldLogprobs(adapter, items, row);
+    let fresh: PolicyItem[];
+    if (this.async) {
+      // turns an older version sampled (during the last update) are corrected around pi_prox
+      const { onPolicy, late } = splitByAge(items, this.versions);
+      const corrected = await correctStale(this.engine, adapter, late, this.versions, this.async);
+      Object.assign(row, corrected.row);
+      fresh = [...(await this.oldLogprobs(adapter, onPolicy, row)), ...corrected.items];
+    } else fresh = await this.oldLogprobs(adapter, items, row);
     if (!this.replay) return fresh;
     const replayed = await this.replayed(adapter, fresh.length);
     Object.assign(row, replayed.row);
@@ -294,10 +384,17 @@ export class Trainer {
     };
   }
 
-  /** The actions whose turns `adapter` sampled, with their advantages. */
-  private itemsOf(adapter: string, steps: readonly Step[], advantages: number[][]): PolicyItem[] {
+  /** The actions whose turns `adapter` sampled, with their advantages (not those dropped as too stale). */
+  private itemsOf(
+    adapter: string,
+    steps: readonly Step[],
+    advantages: number[][],
+    dropped: ReadonlySet<Turn>,
+  ): PolicyItem[] {
     return steps.flatMap((step, i) =>
-      this.adapterOf(step) === adapter ? [{ step, advantages: advantages[i]! }] : [],
+      this.adapterOf(step) === adapter && !dropped.has(step.turn)
+        ? [{ step, advantages: advantages[i]! }]
+        : [],
     );
   }
 

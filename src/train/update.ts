@@ -5,6 +5,7 @@ import type { Credit } from "../algo/index.ts";
 import type { ComputeEngine, Schemas } from "../client/compute.ts";
 import { CRITIC_ADAPTER, type RunConfig } from "../config/schema.ts";
 import type { Rng } from "../rng.ts";
+import type { Turn } from "../rollout/index.ts";
 import { criticTokens, policyDatum, type Step, valueDatum } from "./steps.ts";
 
 /** The critic's values over each step's prompt and response [P + L] (one forward pass). */
@@ -241,17 +242,21 @@ export async function updatePolicies(
   return us;
 }
 
-/** The critic update: the clipped value loss towards the returns, `epochs` x `minibatches` steps. */
+/**
+ * The critic update: the clipped value loss towards the returns, `epochs` x `minibatches` steps, on
+ * every step but those whose turns were `dropped` (too stale under train.async).
+ */
 export async function updateCritic(
   engine: ComputeEngine,
   steps: readonly Step[],
   credit: Credit,
   c: RunConfig,
   rng: Rng,
+  dropped: ReadonlySet<Turn> = new Set(),
 ): Promise<{ loss: number[]; version: number }> {
   const critic = c.critic!;
   const out = { loss: [] as number[], version: -1 };
-  const indices = steps.map((_, i) => i);
+  const indices = steps.flatMap((s, i) => (dropped.has(s.turn) ? [] : [i]));
   for (let epoch = 0; epoch < c.ppo.epochs; epoch++) {
     for (const mb of chunks(rng.shuffle(indices), c.ppo.minibatches)) {
       const r = await engine.forwardBackward({
