@@ -148,29 +148,16 @@ export class Trainer {
     const agents = steps.map((s) => s.turn.agent);
 
     // 3. credit: the critic's values, then GAE or group baselines, then per-agent normalisation
-    const seen = usesCritic(c) ? await criticView(this.engine, steps, c) : steps; // other bases re-tokenized
-    const values = usesCritic(c)
-      ? await phases.run("values", async () =>
-          (await criticValues(this.engine, seen)).map((v, i) => valuesInAgentLayout(steps[i]!, seen[i]!, v)),
-        )
-      : null;
+    const { seen, values } = await this.criticValues(phases, steps);
     const raw = ESTIMATORS[c.algo.estimator](creditBatch(steps, episodes, values), c.algo);
     this.checkZero(raw, agents);
     const advantages = normalizeAdvantages(raw, agents, c.algo);
 
     // 4. PPO on each adapter the schedule updates (with replayed actions under experience replay)
-    const policy: MetricsRow = {};
     const todo = updatingAdapters(c, it)
       .map((adapter) => ({ adapter, items: this.itemsOf(adapter, steps, advantages, stale.dropped) }))
       .filter((w) => w.items.length > 0);
-    if (c.train.batchAdapters && todo.length > 1) {
-      const label = `policy/${todo.map((w) => w.adapter).join("+")}`;
-      Object.assign(policy, await phases.run("policy", () => this.updatePolicies(todo), label));
-    } else
-      for (const { adapter, items } of todo) {
-        const update = () => this.updatePolicy(adapter, items);
-        Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
-      }
+    const policy = await this.ppo(phases, todo);
     const replay = this.replay ? this.remember(steps, advantages) : {};
 
     // 5. the critic towards the returns
@@ -298,6 +285,33 @@ export class Trainer {
       zeroAdvantageBatches: { ...this.detector.zeroBatches },
       adapterVersions: { ...this.versions },
     };
+  }
+
+  /** The critic's values of every step (agents on other bases re-tokenized for it), in each agent's layout. */
+  private async criticValues(
+    phases: Phases,
+    steps: Step[],
+  ): Promise<{ seen: Step[]; values: number[][] | null }> {
+    if (!usesCritic(this.config)) return { seen: steps, values: null };
+    const seen = await criticView(this.engine, steps, this.config);
+    const values = await phases.run("values", async () =>
+      (await criticValues(this.engine, seen)).map((v, i) => valuesInAgentLayout(steps[i]!, seen[i]!, v)),
+    );
+    return { seen, values };
+  }
+
+  /** PPO on each adapter of `todo`: one phase per adapter, or shared passes (`train.batchAdapters`). */
+  private async ppo(phases: Phases, todo: { adapter: string; items: PolicyItem[] }[]): Promise<MetricsRow> {
+    const policy: MetricsRow = {};
+    if (this.config.train.batchAdapters && todo.length > 1) {
+      const label = `policy/${todo.map((w) => w.adapter).join("+")}`;
+      Object.assign(policy, await phases.run("policy", () => this.updatePolicies(todo), label));
+    } else
+      for (const { adapter, items } of todo) {
+        const update = () => this.updatePolicy(adapter, items);
+        Object.assign(policy, await phases.run("policy", update, `policy/${adapter}`));
+      }
+    return policy;
   }
 
   /** PPO for one adapter, its old log-probs first recomputed where the base computes in bf16. */
