@@ -139,13 +139,17 @@ export async function benchCommand(args: string[]): Promise<void> {
 
   if (want("replicas")) {
     process.stderr.write("bench: replicas (one rollout on 2 engine replicas vs 1 engine)...\n");
-    const { benchReplicas } = await import("../../bench/replicas.ts");
+    const { benchReplicas } = (await import(benchScript("replicas.ts"))) as {
+      benchReplicas: (o: { quick: boolean; episodes?: number }) => Promise<Record<string, unknown>>;
+    };
     results["replicas"] = await benchReplicas({ quick, ...(episodes ? { episodes } : {}) });
   }
 
   if (want("async")) {
     process.stderr.write("bench: async (tiny-secret, synchronous vs train.async)...\n");
-    const { benchAsync } = await import("../../bench/async.ts");
+    const { benchAsync } = (await import(benchScript("async.ts"))) as {
+      benchAsync: (o: { quick: boolean }) => Promise<Record<string, unknown>>;
+    };
     results["async"] = await benchAsync({ quick });
   }
 
