@@ -7,12 +7,8 @@
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { startLocalEngine } from "../src/client/launcher.ts";
 import { loadRunConfig } from "../src/config/load.ts";
-import { RunDir } from "../src/train/rundir.ts";
-import { train } from "../src/train/run.ts";
-import { runSuite } from "../src/train/suite.ts";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
+import { trainLocally } from "./helpers/engine.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
@@ -26,15 +22,7 @@ describe("train.async on the real engine (tiny model, CPU)", () => {
     ]);
     const dir = join(ROOT, "runs", config.name);
     rmSync(dir, { recursive: true, force: true });
-    await train({
-      config,
-      configDir: join(ROOT, "configs"),
-      runDir: dir,
-      suite: runSuite(config, "."),
-      connect: () =>
-        startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
-    });
-    const rows = new RunDir(dir).readMetrics();
+    const rows = await trainLocally(config, dir);
     const reward = rows.map((r) => r["reward/mean"] as number);
     console.log(`async: reward per iteration ${reward.map((x) => x.toFixed(2)).join(" ")}`);
     expect(rows.length).toBe(60);

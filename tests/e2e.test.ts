@@ -15,12 +15,8 @@
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { startLocalEngine } from "../src/client/launcher.ts";
 import { loadRunConfig } from "../src/config/load.ts";
-import { RunDir } from "../src/train/rundir.ts";
-import { train } from "../src/train/run.ts";
-import { TEST_ENGINE_ENV } from "./helpers/engine.ts";
-import { runSuite } from "../src/train/suite.ts";
+import { trainLocally } from "./helpers/engine.ts";
 
 const ROOT = join(import.meta.dirname, "..");
 
@@ -40,15 +36,7 @@ async function learn(configFile: string, overrides: string[]) {
   const config = loadRunConfig(join(ROOT, "configs", configFile), [...overrides, "train.checkpointEvery=0"]);
   const dir = join(ROOT, "runs", config.name);
   rmSync(dir, { recursive: true, force: true });
-  await train({
-    config,
-    configDir: join(ROOT, "configs"),
-    runDir: dir,
-    suite: runSuite(config, "."),
-    connect: () =>
-      startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
-  });
-  const rows = new RunDir(dir).readMetrics();
+  const rows = await trainLocally(config, dir);
   const reward = rows.map((r) => r["reward/mean"] as number);
   const episodes = config.train.tasksPerIter * config.train.samplesPerTask;
   const first = reward.slice(0, 3);

@@ -4,16 +4,14 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { startLocalEngine } from "../src/client/launcher.ts";
 import { loadRunConfig } from "../src/config/load.ts";
 import type { RunConfig } from "../src/config/schema.ts";
 import type { MetricsRow } from "../src/train/phases.ts";
-import { train } from "../src/train/run.ts";
 import { RunDir } from "../src/train/rundir.ts";
 import { tasksAt, updatingAdapters } from "../src/train/schedule.ts";
 import { setupEngine } from "../src/train/setup.ts";
 import { Trainer } from "../src/train/trainer.ts";
-import { createTinyBase, TEST_ENGINE_ENV, useEngine } from "./helpers/engine.ts";
+import { createTinyBase, trainLocally, useEngine } from "./helpers/engine.ts";
 import { runSuite } from "../src/train/suite.ts";
 
 const CONFIG = join(import.meta.dirname, "..", "configs", "tiny-secret.yaml");
@@ -35,15 +33,7 @@ function tinyConfig(sets: string[] = []): RunConfig {
 async function runTiny(sets: string[] = []): Promise<{ rows: MetricsRow[]; dir: string; config: RunConfig }> {
   const config = tinyConfig(sets);
   const dir = join(mkdtempSync(join(tmpdir(), "marft-train-")), config.name);
-  await train({
-    config,
-    configDir: join(import.meta.dirname, "..", "configs"),
-    runDir: dir,
-    suite: runSuite(config, "."),
-    connect: () =>
-      startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
-  });
-  return { rows: new RunDir(dir).readMetrics() as MetricsRow[], dir, config };
+  return { rows: await trainLocally(config, dir), dir, config };
 }
 
 const AGENT_KEYS = ["reward", "loss/policy", "kl", "clipfrac", "entropy"];

@@ -11,6 +11,11 @@ import { join } from "node:path";
 import { afterAll, beforeAll } from "vitest";
 import type { EngineClient, Schemas } from "../../src/client/client.ts";
 import { type Engine, startLocalEngine } from "../../src/client/launcher.ts";
+import type { RunConfig } from "../../src/config/schema.ts";
+import type { MetricsRow } from "../../src/train/phases.ts";
+import { train } from "../../src/train/run.ts";
+import { RunDir } from "../../src/train/rundir.ts";
+import { runSuite } from "../../src/train/suite.ts";
 
 export interface TestEngine {
   /** Valid inside tests (after beforeAll). */
@@ -77,4 +82,18 @@ export function createPolicy(
     lora: { r: 4, alpha: 8 },
     optimizer: { lr: 1e-3 },
   });
+}
+
+/** Trains `config` into `dir` end to end on a local one-thread engine; returns its metrics lines. */
+export async function trainLocally(config: RunConfig, dir: string): Promise<MetricsRow[]> {
+  const configDir = join(import.meta.dirname, "..", "..", "configs");
+  await train({
+    config,
+    configDir,
+    runDir: dir,
+    suite: runSuite(config, "."),
+    connect: () =>
+      startLocalEngine({ device: "cpu", logFile: join(dir, "engine.log"), env: TEST_ENGINE_ENV }),
+  });
+  return new RunDir(dir).readMetrics() as MetricsRow[];
 }
