@@ -47,7 +47,6 @@ $(VENV_STAMP): engine/requirements.txt engine/pyproject.toml
 
 lint: setup
 	npx tsc --noEmit -p .
-	npx tsc --noEmit -p .
 	npx tsc --noEmit -p src/dashboard/client
 	npx biome check src tests bench bin examples scripts
 	$(VENV)/bin/ruff check engine bench
@@ -64,8 +63,12 @@ check-openapi: setup
 	npx openapi-typescript engine/openapi.json --default-non-nullable false -o /tmp/marft-openapi.d.ts
 	diff -q /tmp/marft-openapi.d.ts src/client/openapi.d.ts || (echo "src/client/openapi.d.ts is stale: run make openapi" && exit 1)
 
+# Two processes, a test file each (--dist loadfile: a file's module-scoped engine is built once); each
+# test engine keeps to one torch thread (tests/conftest.py), so the two fill the two cores. The fuzz
+# test runs alone: under xdist schemathesis folds its per-operation cases into one test.
 test-py: setup
-	cd engine && ../$(VENV)/bin/pytest -q tests
+	cd engine && ../$(VENV)/bin/pytest -q -n 2 --dist loadfile --ignore tests/test_fuzz.py tests
+	cd engine && ../$(VENV)/bin/pytest -q tests/test_fuzz.py
 
 # The dashboard's browser test drives Debian's Chromium through playwright-core (Playwright's own
 # browser downloads are not reachable here); installed only when missing.
