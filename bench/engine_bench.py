@@ -386,7 +386,9 @@ def main() -> None:
         tb, ts = 16, 512
     # fp32 on CPU: `auto` is bf16 on a CPU with native bf16, and bf16 is measured beside it
     train_dtype = "float32" if args.device == "cpu" else "auto"
-    train = bench_training(args.device, SMOL, tb, ts, 1 if args.quick else 4, train_dtype)
+    train = bench_training(
+        args.device, SMOL, tb, ts, 1 if args.quick else 4, train_dtype
+    )
     results["train_tokens_per_s"] = train["train_tokens_per_s"]
     results["train_batch"], results["train_seq_len"] = tb, ts
     if (
