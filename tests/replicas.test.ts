@@ -60,8 +60,8 @@ describe("tiny-secret on 2 engine replicas (marft train)", () => {
   // gradients differ from one engine's in rounding, so the run is its own trajectory of the recipe;
   // its slowest measured speakers still end these iterations at 0.44-0.55 from ~0.25 (one engine's
   // seeds 2 and 6; docs/MEASUREMENTS.md), and over the 64 episodes of an iteration 3 standard errors
-  // of a speaker that did not learn are ~0.05. That a data-parallel step is one engine's step, and the team's
-  // learning, are engine/tests/test_replicas.py's and tests/e2e.test.ts's.
+  // of a speaker that did not learn are ~0.05. That a data-parallel step is one engine's step, and
+  // the team's learning, are engine/tests/test_replicas.py's and tests/e2e.test.ts's.
   it("learns: the speaker's reward rises beyond chance, and both replicas sampled and trained", async () => {
     const dir = join(tmp, "learn");
     const r = await finish(
