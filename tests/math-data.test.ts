@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { datasetsDir } from "../src/envs/datasets.ts";
+import { arithmeticSplits } from "../src/envs/math/arith.ts";
 import { loadMathProblems, loadMathSplits } from "../src/envs/math/data.ts";
 import { extractAnswer, extractAnswerIs, extractBoxed, extractLastNumber } from "../src/envs/math/extract.ts";
 
@@ -62,6 +63,23 @@ describe("loadMathProblems errors and splits", () => {
     const [a, b] = loadMathProblems(f);
     expect(a!.steps).toEqual(["8"]);
     expect(b!.steps).toBeUndefined();
+  });
+
+  it("keeps a problem's parts, and the two-step generator's parts are its two one-step problems", () => {
+    const f = file("p.jsonl", '{"problem":"5+3-2","answer":"6","steps":[8],"parts":["5+3","{step1}-2"]}\n');
+    expect(loadMathProblems(f)[0]!.parts).toEqual(["5+3", "{step1}-2"]);
+    for (const p of arithmeticSplits(3, 50, 10, "two-step").train) {
+      const [first, second] = p.parts!;
+      // the first part is the problem up to its first change; the second starts from {step1}
+      const sum = (text: string) => {
+        const n = text.match(/\d+/g)!.map(Number);
+        return /gets|buys|finds|is given/.test(text) ? n[0]! + n[1]! : n[0]! - n[1]!;
+      };
+      expect(sum(first!)).toBe(Number(p.steps![0]));
+      expect(second).toMatch(/^\w+ has \{step1\} \w+\. /);
+      expect(sum(second!.replace("{step1}", p.steps![0]!))).toBe(Number(p.answer));
+      expect(p.problem.startsWith(first!.replace(/ How many .*$/, ""))).toBe(true);
+    }
   });
 
   it("holds out the last rows for evaluation, with stable ids", () => {

@@ -168,6 +168,60 @@ describe("MathEnv episodes", () => {
     );
   });
 
+  it("splitParts: each step role sees its part, and the next agent its part with the step's number in it", async () => {
+    const team: AgentSpec[] = [
+      { id: "stepper", role: "stepper", systemPrompt: "Answer with only the final number." },
+      { id: "actor", role: "actor", systemPrompt: "Answer with only the final number." },
+    ];
+    const opts = {
+      extract: "last-number" as const,
+      answerRoles: ["actor"],
+      stepRoles: ["stepper"],
+      splitParts: true,
+    };
+    const env = new MathEnv(team, { kind: "sequential" }, opts);
+    const p: MathProblem = {
+      id: "s",
+      problem:
+        "Tom has 5 pens. Tom gets 3 more pens. Then Tom loses 2 pens. How many pens does Tom have now?",
+      answer: "6",
+      steps: ["8"],
+      parts: [
+        "Tom has 5 pens. Tom gets 3 more pens. How many pens does Tom have now?",
+        "Tom has {step1} pens. Tom loses 2 pens. How many pens does Tom have now?",
+      ],
+    };
+    await env.reset(p, 0);
+    // the stepper sees only the first change, never the second
+    expect(env.observe("stepper")[1]!.content).toBe(p.parts![0]);
+    await env.act("stepper", "Tom has 5 + 3 = 7 pens");
+    // the actor starts from the number the stepper stated (wrong here), not from the gold step
+    expect(env.observe("actor")[1]!.content).toBe(
+      "Tom has 7 pens. Tom loses 2 pens. How many pens does Tom have now?",
+    );
+    await env.act("actor", "5");
+    expect({ ...env.outcome(), ...env.info() }).toMatchObject({ correct: false, roleRewards: { step1: 0 } });
+    // a stepper that states no number leaves a visible gap
+    await env.reset(p, 0);
+    await env.act("stepper", "Tom has some pens");
+    expect(env.observe("actor")[1]!.content).toContain("Tom has ? pens.");
+    // a part without placeholders is shown with the parents' actions, as usual
+    const plain = { ...p, parts: [p.parts![0]!, "Then Tom loses 2 pens. How many now?"] };
+    await env.reset(plain, 0);
+    await env.act("stepper", "8");
+    expect(env.observe("actor")[1]!.content).toBe("Then Tom loses 2 pens. How many now?\n\nstepper: 8");
+    // bad data and options are named
+    await expect(env.reset({ ...p, parts: [p.parts![0]!] }, 0)).rejects.toThrow(
+      /math.splitParts: problem s has 1 parts, expected 2/,
+    );
+    await expect(env.reset({ ...p, parts: [p.parts![0]!, "{step2} left"] }, 0)).rejects.toThrow(
+      /math.splitParts: problem s names \{step2\}, but there are 1 step roles/,
+    );
+    expect(() => new MathEnv(team, { kind: "sequential" }, { splitParts: true })).toThrow(
+      /math.splitParts: expected stepRoles/,
+    );
+  });
+
   it("dynamic graph: the orchestrator names who acts next", async () => {
     const team: AgentSpec[] = [
       { id: "boss", role: "orchestrator", systemPrompt: "Name the agent who should answer." },

@@ -41,10 +41,11 @@ function singleAgent(c: RunConfig): RunConfig {
   const graph = (g: RunConfig["graph"]): RunConfig["graph"] =>
     g.kind === "dynamic" ? g : { kind: "sequential" };
   const { turns: _turns, ...train } = c.train;
-  // the single agent answers alone: step rewards for the roles that computed intermediate results go
+  // the single agent answers alone: step rewards for the roles that computed intermediate results go,
+  // and it sees the whole problem, not a part of it
   const solo = <T extends RunConfig["task"]>(t: T): T => {
     if (t?.kind !== "math" || t.options.stepRoles === undefined) return t;
-    const { stepRoles: _steps, ...options } = t.options;
+    const { stepRoles: _steps, splitParts: _parts, ...options } = t.options;
     return { ...t, options };
   };
   return {

@@ -127,13 +127,17 @@ export class TeamEpisode {
     return [...(this.scheduled.get(agent) ?? [])];
   }
 
-  observe(agent: AgentId): ChatMessage[] {
+  /**
+   * `filled`: the agent's task text with its parents' results already written into it (a task whose
+   * text is a template, e.g. math's `splitParts`); the parents' actions are then not appended again.
+   */
+  observe(agent: AgentId, filled?: string): ChatMessage[] {
     this.mustBeReady(agent, "observe");
     const spec = this.specs.get(agent)!;
-    const parts = [typeof this.task === "string" ? this.task : this.task[agent]!];
+    const parts = [filled ?? (typeof this.task === "string" ? this.task : this.task[agent]!)];
     if (this.history.length > 0) parts.push(this.history.join("\n"));
     const seen = this.parents(agent).map((p) => `${this.label(p)}: ${this.acted.get(p)}`);
-    if (seen.length > 0) parts.push(seen.join("\n"));
+    if (seen.length > 0 && filled === undefined) parts.push(seen.join("\n"));
     return [
       { role: "system", content: spec.systemPrompt },
       { role: "user", content: parts.join("\n\n") },

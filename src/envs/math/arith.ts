@@ -56,7 +56,9 @@ function change(rng: () => number, have: number, item: string): { n: number; tex
 
 /**
  * Two changes in a row ("has a, gets b more, then loses c"): the answer needs two operations, and
- * `steps` holds the count after the first, which a team can split at.
+ * `steps` holds the count after the first, which a team can split at, and `parts` the text cut there:
+ * the first change as a one-step problem, then the second as one, starting from `{step1}` (the count
+ * the first step's agent states; `splitParts` in env.ts fills it in).
  */
 export function twoStepProblem(rng: () => number, id: string): MathProblem {
   const name = pick(rng, NAMES);
@@ -72,6 +74,10 @@ export function twoStepProblem(rng: () => number, id: string): MathProblem {
       `How many ${item} does ${name} have now?`,
     answer: String(mid + second.n),
     steps: [String(mid)],
+    parts: [
+      `${name} has ${a} ${item}. ${name} ${first.text}. How many ${item} does ${name} have now?`,
+      `${name} has {step1} ${item}. ${name} ${second.text}. How many ${item} does ${name} have now?`,
+    ],
   };
 }
 

@@ -2,7 +2,8 @@
 //   MARFT reference (math/train.json):  JSON array of {problem, final_answer}
 //   GSM8K (gsm8k/train.jsonl):          JSONL {problem, final_answer, solution}
 //   MATH-500 (math/test500.jsonl):      JSONL {problem, solution, answer, subject, level, unique_id}
-//   any of them may carry `steps`: the intermediate results in order (step rewards, env.ts)
+//   any of them may carry `steps`: the intermediate results in order (step rewards, env.ts), and
+//   `parts`: the problem's text cut at its steps (one part per step, then the rest; `splitParts`)
 import { basename, dirname } from "node:path";
 import { z } from "zod";
 import { DatasetError, holdOutLast, readJsonRecords } from "../datasets.ts";
@@ -15,6 +16,8 @@ export interface MathProblem {
   answer: string;
   /** Intermediate results in order (the answer not included), where the data has them. */
   steps?: string[];
+  /** The problem's text cut at its steps: part i states step i, the last part what follows. */
+  parts?: string[];
 }
 
 // Answers are strings in all three datasets; a number is accepted too (user files often have them).
@@ -24,6 +27,7 @@ const MathRow = z.object({
   answer: Answer.optional(),
   final_answer: Answer.optional(),
   steps: z.array(Answer).optional(),
+  parts: z.array(z.string()).optional(),
 });
 
 /** A short, stable name for a data file: its folder and file name, e.g. `gsm8k/train.jsonl`. */
@@ -60,6 +64,7 @@ export function loadMathProblems(file: string): MathProblem[] {
       problem: parsed.data.problem,
       answer: String(answer).trim(),
       ...(steps ? { steps } : {}),
+      ...(parsed.data.parts ? { parts: parsed.data.parts } : {}),
     };
   });
   return all.filter((p) => p.answer !== "");

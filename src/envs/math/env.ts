@@ -19,6 +19,13 @@
 //   planning role:  1 when none of its actions stated a final answer (\boxed{}) (plan, don't solve).
 //   step<i> (with `stepRoles`): 1 when the i-th step role's last answer is the problem's i-th
 //   intermediate result (`steps`), so a team that splits a problem can train each agent for its step.
+//   With `splitParts` each step role sees only its step's part of the problem text (`parts`) and the
+//   other agents the last part: every agent gets the one operation that is its own, as in a pipeline
+//   whose stages each receive their piece of the work. A part may name earlier steps' results as
+//   `{step1}`, `{step2}`, ...: the env writes in the number that step's agent stated (`?` if none),
+//   and an agent whose part does so sees that filled-in text instead of its parents' raw actions (a
+//   135M model reads "Tom has 15 pens. Tom loses 2 pens." far better than the stepper's sentence
+//   after the question: docs/MEASUREMENTS.md, "The split demo").
 // info() (diagnostics): gold, answers (per agent, last attempt), attempts, rewards (per attempt).
 //
 // Dynamic graphs: each attempt starts with the first agent (profile order); an agent's action that
@@ -28,7 +35,7 @@
 // Answer checking starts inside each answering agent's `act` (it overlaps with the sampling of the
 // other agents); the last `act` of the attempt awaits the checks.
 import { TeamEnv } from "../../flexmg/team.ts";
-import type { AgentId, AgentSpec, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
+import type { AgentId, AgentSpec, ChatMessage, GraphSpec, TaskSuite } from "../../flexmg/types.ts";
 import { loadMathSplits, type MathProblem } from "./data.ts";
 import { extractAnswer, extractBoxed } from "./extract.ts";
 import { type GradeResult, gradeAnswer, gradeResponse } from "./grader.ts";
@@ -51,6 +58,8 @@ export interface MathEnvOptions {
   timeoutMs?: number;
   /** Roles that compute the problem's intermediate results, in order (roleRewards step1, step2, ...). */
   stepRoles?: string[];
+  /** Step role i sees `parts[i]` of the problem, every other agent the last part (needs stepRoles). */
+  splitParts?: boolean;
 }
 
 export interface MathSuiteOptions extends MathEnvOptions {
@@ -87,6 +96,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
   private readonly extract: ExtractMode;
   private readonly timeoutMs: number;
   private readonly stepRoles: string[];
+  private readonly splitParts: boolean;
   private problem: MathProblem | undefined;
   private checks: Check[] = [];
   private attemptRewards: number[] = [];
@@ -124,6 +134,10 @@ export class MathEnv extends TeamEnv<MathProblem> {
     const known = new Set(agents.map((a) => a.role.toLowerCase()));
     const unknown = this.stepRoles.find((r) => !known.has(r));
     if (unknown !== undefined) throw new Error(`math.stepRoles: no agent has the role "${unknown}"`);
+    this.splitParts = opts.splitParts ?? false;
+    if (this.splitParts && this.stepRoles.length === 0) {
+      throw new Error("math.splitParts: expected stepRoles (whose steps the parts are)");
+    }
   }
 
   async reset(problem: MathProblem, _seed: number): Promise<void> {
@@ -137,7 +151,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
     this.checks = [];
     this.attemptRewards = [];
     this.answers = {};
-    this.begin(problem.problem);
+    this.begin(this.splitParts ? this.partsFor(problem) : problem.problem);
     this.scheduleFirst();
   }
 
@@ -183,6 +197,43 @@ export class MathEnv extends TeamEnv<MathProblem> {
       attempts: this.attemptRewards.length,
       rewards: [...this.attemptRewards],
     };
+  }
+
+  /** splitParts: a part that names `{step<i>}` is shown with the step roles' stated numbers in it. */
+  override observe(agent: AgentId): ChatMessage[] {
+    if (!this.splitParts) return super.observe(agent);
+    const text = this.partsFor(this.problem!)[agent]!;
+    if (!/\{step\d+\}/.test(text)) return super.observe(agent);
+    const actions = this.team.stepActions();
+    const filled = text.replace(/\{step(\d+)\}/g, (_m, i: string) => {
+      const role = this.stepRoles[Number(i) - 1];
+      const last = actions.filter((x) => this.roles.get(x.agent)!.toLowerCase() === role).at(-1);
+      return (last === undefined ? null : extractWith(this.extract, last.text)) ?? "?";
+    });
+    return this.team.observe(agent, filled);
+  }
+
+  /** splitParts: each agent's own text, step role i's `parts[i]` and everyone else's the last part. */
+  private partsFor(problem: MathProblem): Record<AgentId, string> {
+    const parts = problem.parts ?? [];
+    if (parts.length !== this.stepRoles.length + 1) {
+      throw new Error(
+        `math.splitParts: problem ${problem.id} has ${parts.length} parts, expected ${this.stepRoles.length + 1} (one per step role, then the rest)`,
+      );
+    }
+    for (const m of parts.join(" ").matchAll(/\{step(\d+)\}/g)) {
+      if (Number(m[1]) < 1 || Number(m[1]) > this.stepRoles.length) {
+        throw new Error(
+          `math.splitParts: problem ${problem.id} names ${m[0]}, but there are ${this.stepRoles.length} step roles`,
+        );
+      }
+    }
+    return Object.fromEntries(
+      this.agents.map((a) => {
+        const i = this.stepRoles.indexOf(this.roles.get(a)!.toLowerCase());
+        return [a, parts[i === -1 ? this.stepRoles.length : i]!];
+      }),
+    );
   }
 
   /** Per role: a format reward for answering roles, "no final answer" for planning roles. */
@@ -289,6 +340,7 @@ export function createMathSuite(opts: MathSuiteOptions): TaskSuite<MathProblem> 
     answerRoles: opts.answerRoles,
     timeoutMs: opts.timeoutMs,
     stepRoles: opts.stepRoles,
+    splitParts: opts.splitParts,
   };
   return {
     name: "math",

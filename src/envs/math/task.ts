@@ -36,6 +36,12 @@ export const MathOptionsSchema = z
       .describe(
         "roles that compute the problems' intermediate results (`steps` in the data), in order: per-role rewards step1, step2, ...",
       ),
+    splitParts: z
+      .boolean()
+      .optional()
+      .describe(
+        "each step role sees only its own step's part of the problem (`parts` in the data) and every other agent the last part; needs stepRoles",
+      ),
   })
   .describe("extra options of the math suite");
 
