@@ -98,6 +98,8 @@ export class MathEnv extends TeamEnv<MathProblem> {
   private readonly stepRoles: string[];
   private readonly splitParts: boolean;
   private problem: MathProblem | undefined;
+  /** splitParts: each agent's part of the current problem, set at reset. */
+  private texts: Record<AgentId, string> = {};
   private checks: Check[] = [];
   private attemptRewards: number[] = [];
   private answers: Record<AgentId, string | null> = {};
@@ -151,7 +153,8 @@ export class MathEnv extends TeamEnv<MathProblem> {
     this.checks = [];
     this.attemptRewards = [];
     this.answers = {};
-    this.begin(this.splitParts ? this.partsFor(problem) : problem.problem);
+    this.texts = this.splitParts ? this.partsFor(problem) : {};
+    this.begin(this.splitParts ? this.texts : problem.problem);
     this.scheduleFirst();
   }
 
@@ -201,16 +204,20 @@ export class MathEnv extends TeamEnv<MathProblem> {
 
   /** splitParts: a part that names `{step<i>}` is shown with the step roles' stated numbers in it. */
   override observe(agent: AgentId): ChatMessage[] {
-    if (!this.splitParts) return super.observe(agent);
-    const text = this.partsFor(this.problem!)[agent]!;
-    if (!/\{step\d+\}/.test(text)) return super.observe(agent);
+    const text = this.texts[agent];
+    if (text === undefined || !/\{step\d+\}/.test(text)) return super.observe(agent);
     const actions = this.team.stepActions();
-    const filled = text.replace(/\{step(\d+)\}/g, (_m, i: string) => {
-      const role = this.stepRoles[Number(i) - 1];
-      const last = actions.filter((x) => this.roles.get(x.agent)!.toLowerCase() === role).at(-1);
-      return (last === undefined ? null : extractWith(this.extract, last.text)) ?? "?";
-    });
+    const filled = text.replace(
+      /\{step(\d+)\}/g,
+      (_m, i: string) => this.stepAnswer(this.stepRoles[Number(i) - 1]!, actions) ?? "?",
+    );
     return this.team.observe(agent, filled);
+  }
+
+  /** The answer stated in the last of `actions` by the agent with this step role, if any. */
+  private stepAnswer(role: string, actions: readonly { agent: AgentId; text: string }[]): string | null {
+    const last = actions.filter((x) => this.roles.get(x.agent)!.toLowerCase() === role).at(-1);
+    return last === undefined ? null : extractWith(this.extract, last.text);
   }
 
   /** splitParts: each agent's own text, step role i's `parts[i]` and everyone else's the last part. */
@@ -258,8 +265,7 @@ export class MathEnv extends TeamEnv<MathProblem> {
     // several agents with one role: the role's reward is their mean
     const out = Object.fromEntries(Object.keys(sum).map((role) => [role, sum[role]! / count[role]!]));
     this.stepRoles.forEach((role, i) => {
-      const last = actions.filter((x) => this.roles.get(x.agent)!.toLowerCase() === role).at(-1);
-      const answer = last === undefined ? null : extractWith(this.extract, last.text);
+      const answer = this.stepAnswer(role, actions);
       out[`step${i + 1}`] = answer !== null && sameNumber(answer, this.problem!.steps![i]!) ? 1 : 0;
     });
     return out;
