@@ -51,7 +51,12 @@ function train(config: string, sets: string[], runDir: string) {
   return finish(marft(args));
 }
 
-/** Same keys; numbers equal up to 1e-9 relative (bit-identical on one machine; a little room for another CPU's kernels). */
+/**
+ * Same keys; numbers equal up to 1e-4 relative. On the recording machine the runs are bit-identical,
+ * but float32 kernels differ in their last bits between CPU generations (AVX512 against AVX2), and
+ * over a few PPO updates that drift reached 1.5e-5 relative (docs/MEASUREMENTS.md, "Golden runs on
+ * another CPU"); a change of behaviour (another sampled token, reward or formula) moves them far more.
+ */
 function expectSameRows(got: Row[], want: Row[], what: string): void {
   expect(got.length, `${what}: iterations`).toBe(want.length);
   got.forEach((g, i) => {
@@ -61,7 +66,7 @@ function expectSameRows(got: Row[], want: Row[], what: string): void {
     for (const [k, w] of Object.entries(want[i]!)) {
       const v = g[k];
       if (typeof w === "number" && typeof v === "number") {
-        const tol = 1e-9 * Math.max(1, Math.abs(w));
+        const tol = 1e-4 * Math.max(1, Math.abs(w));
         expect(Math.abs(v - w), `${what}: iteration ${i + 1} ${k} = ${v}, recorded ${w}`).toBeLessThanOrEqual(
           tol,
         );
