@@ -146,7 +146,7 @@ export async function benchCommand(args: string[]): Promise<void> {
   }
 
   if (want("async")) {
-    process.stderr.write("bench: async (tiny-secret, synchronous vs train.async)...\n");
+    process.stderr.write("bench: async (tiny-secret, synchronous vs train.async, 2 engine replicas)...\n");
     const { benchAsync } = (await import(benchScript("async.ts"))) as {
       benchAsync: (o: { quick: boolean }) => Promise<Record<string, unknown>>;
     };
@@ -175,6 +175,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     train_tokens_per_s: engine["train_tokens_per_s"],
     ray_rollout_scaling_2_replicas: replicas["ray_rollout_scaling_2_replicas"],
     async_speedup: asyncPart["async_speedup"],
+    weight_sync_s_per_iteration: asyncPart["weight_sync_s_per_iteration"],
   };
   Object.assign(results, headline, { seconds: (Date.now() - t0) / 1000 });
   writeFileAtomic(out, `${JSON.stringify(results, null, 2)}\n`);
@@ -193,7 +194,8 @@ export async function benchCommand(args: string[]): Promise<void> {
     sandbox_runs_per_s: "",
     train_tokens_per_s: "",
     ray_rollout_scaling_2_replicas: "",
-    async_speedup: ">= 1.25 (issue 14; one engine's compute thread serialises sampling and training)",
+    async_speedup: ">= 1.25 (issue 14; 2 replicas of 1 thread; sampling and training share them)",
+    weight_sync_s_per_iteration: "",
   };
   const rows = Object.entries(headline).map(([k, v]) => ({
     figure: k,
