@@ -61,7 +61,9 @@ describe("built-in variants change what their name says", () => {
   it("single-agent: the last agent alone, same model, LoRA, sampling and learning rate", () => {
     const base = loadRunConfig(join(CONFIGS, "demo.yaml"));
     const c = variant("demo.yaml", "single-agent");
-    expect(c.agents).toEqual([base.agents[1]]);
+    // its stop strings aside (the next test)
+    const { stop: _stop, ...sampling } = base.agents[1]!.sampling;
+    expect(c.agents).toEqual([{ ...base.agents[1], sampling: { ...sampling, stop: [] } }]);
     expect(c.ppo).toEqual(base.ppo);
     expect(c.critic).toEqual(base.critic);
     expect(c.train.tasksPerIter).toBe(base.train.tasksPerIter);
@@ -75,6 +77,10 @@ describe("built-in variants change what their name says", () => {
     // the demo's step rewards belong to the stepper, whom the single agent replaces
     const demo = variant("demo.yaml", "single-agent");
     expect(demo.task?.kind === "math" && demo.task.options.stepRoles).toBe(undefined);
+    // and it writes every step: the step agents' stop at a newline goes, the rest of its sampling stays
+    expect(loadRunConfig(join(CONFIGS, "demo.yaml")).agents[1]!.sampling.stop).toEqual(["\n"]);
+    expect(demo.agents[0]!.sampling).toMatchObject({ stop: [], maxNewTokens: 24, temperature: 0.7 });
+    expect(variant("tiny-secret.yaml", "single-agent").agents[0]!.sampling.stop).toEqual([]);
   });
 
   it("anonymous: one neutral prompt; the other agents see positions, not roles; rewards still by role", async () => {

@@ -29,7 +29,13 @@ function withCritic(c: RunConfig): RunConfig["critic"] {
 function singleAgent(c: RunConfig): RunConfig {
   const last = c.agents.at(-1)!;
   const owner = c.agents.find((a) => a.id === adapterOf(last))!;
-  const agent: AgentConfig = { ...last, adapter: owner.adapter };
+  // where other roles computed steps, the single agent writes them all: a step agent's stop at a
+  // newline would cut it after the first (configs/demo-baseline.yaml says what that costs)
+  const steps = [c.task, ...(c.tasks ?? []).map((t) => t.task)].some(
+    (t) => t?.kind === "math" && t.options.stepRoles !== undefined,
+  );
+  const sampling = steps ? { ...last.sampling, stop: [] } : last.sampling;
+  const agent: AgentConfig = { ...last, adapter: owner.adapter, sampling };
   const r = c.algo.rewardRouting;
   const routing =
     r.kind === "per-role" && last.role in r.roles
