@@ -178,7 +178,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     weight_sync_s_per_iteration: asyncPart["weight_sync_s_per_iteration"],
   };
   Object.assign(results, headline, { seconds: (Date.now() - t0) / 1000 });
-  writeFileAtomic(out, `${JSON.stringify(results, null, 2)}\n`);
+  writeFileAtomic(out, `${resultsJson(results)}\n`);
 
   const targets: Record<string, string> = {
     rollout_speedup_2_agents: ">= 2",
@@ -204,4 +204,12 @@ export async function benchCommand(args: string[]): Promise<void> {
   }));
   console.table(rows);
   process.stdout.write(`wrote ${out}\n`);
+}
+
+/** Indented JSON with each array of numbers on one line: the per-iteration curves stay readable. */
+export function resultsJson(results: unknown): string {
+  return JSON.stringify(results, null, 2).replace(
+    /\[\s*(-?[\d.eE+-]+(?:,\s*-?[\d.eE+-]+)*)\s*\]/g,
+    (_m, xs: string) => `[${xs.split(/,\s*/).join(", ")}]`,
+  );
 }
