@@ -9,9 +9,9 @@
 // Wall time per iteration: between consecutive iteration ends, the first (engine warm-up) and the
 // last (it includes the final evaluation) left out. The rollout and the update share the replicas'
 // compute threads (sample calls are spread over both, and so is a data-parallel update), so what
-// overlap can save is what is not engine compute: the
-// trainer's own work between calls (credit, metrics, JSON), HTTP round trips, and the rollout's idle
-// tails; on these CPUs a decode step costs about in proportion to its batch, so little is hidden.
+// overlap can save is what is not engine compute: the trainer's own work between calls (credit,
+// metrics, JSON), HTTP round trips, and the rollout's idle tails; on these CPUs a decode step costs
+// about in proportion to its batch, so little is hidden.
 //
 // `npx tsx bench/async.ts [--quick]` prints the figures; `benchAsync()` is what `marft bench` calls.
 import { rmSync } from "node:fs";

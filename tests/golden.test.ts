@@ -54,8 +54,9 @@ function train(config: string, sets: string[], runDir: string) {
 /**
  * Same keys; numbers equal up to 1e-4 relative. On the recording machine the runs are bit-identical,
  * but float32 kernels differ in their last bits between CPU generations (AVX512 against AVX2), and
- * over a few PPO updates that drift reached 1.5e-5 relative (docs/MEASUREMENTS.md, "Golden runs on
- * another CPU"); a change of behaviour (another sampled token, reward or formula) moves them far more.
+ * over a few PPO updates that drift reached 1.5e-5 relative (docs/MEASUREMENTS.md, "On a 2-core AMD
+ * EPYC with AVX2 only"); a change of behaviour (another sampled token, reward or formula) moves them
+ * far more.
  */
 function expectSameRows(got: Row[], want: Row[], what: string): void {
   expect(got.length, `${what}: iterations`).toBe(want.length);

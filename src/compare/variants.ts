@@ -29,11 +29,10 @@ function withCritic(c: RunConfig): RunConfig["critic"] {
 function singleAgent(c: RunConfig): RunConfig {
   const last = c.agents.at(-1)!;
   const owner = c.agents.find((a) => a.id === adapterOf(last))!;
+  const hasSteps = (t: RunConfig["task"]) => t?.kind === "math" && t.options.stepRoles !== undefined;
   // where other roles computed steps, the single agent writes them all: a step agent's stop at a
   // newline would cut it after the first (configs/demo-baseline.yaml says what that costs)
-  const steps = [c.task, ...(c.tasks ?? []).map((t) => t.task)].some(
-    (t) => t?.kind === "math" && t.options.stepRoles !== undefined,
-  );
+  const steps = [c.task, ...(c.tasks ?? []).map((t) => t.task)].some(hasSteps);
   const sampling = steps ? { ...last.sampling, stop: [] } : last.sampling;
   const agent: AgentConfig = { ...last, adapter: owner.adapter, sampling };
   const r = c.algo.rewardRouting;
@@ -50,7 +49,7 @@ function singleAgent(c: RunConfig): RunConfig {
   // the single agent answers alone: step rewards for the roles that computed intermediate results go,
   // and it sees the whole problem, not a part of it
   const solo = <T extends RunConfig["task"]>(t: T): T => {
-    if (t?.kind !== "math" || t.options.stepRoles === undefined) return t;
+    if (t?.kind !== "math" || !hasSteps(t)) return t;
     const { stepRoles: _steps, splitParts: _parts, ...options } = t.options;
     return { ...t, options };
   };
