@@ -1,6 +1,6 @@
 // The train / eval / engine commands as a user runs them: `node bin/marft.mjs ...`.
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it, vi } from "vitest";
@@ -161,23 +161,21 @@ describe("marft demo", () => {
       "train.tasksPerIter=4",
       ...Array.from({ length: agents }, (_, i) => [flag, `agents[${i}].sampling.maxNewTokens=4`]).flat(),
     ];
-    const r = marft(
-      [
-        "demo",
-        "--iterations",
-        "1",
-        "--eval",
-        "3",
-        "--train-problems",
-        "20",
-        "--out",
-        out,
-        ...tiny("--set", 2),
-        ...tiny("--set-baseline", 1),
-      ],
-      // three engine starts (team, single agent, its evaluation); minutes on a loaded machine
-      600_000,
-    );
+    const args = [
+      "demo",
+      "--iterations",
+      "1",
+      "--eval",
+      "3",
+      "--train-problems",
+      "20",
+      "--out",
+      out,
+      ...tiny("--set", 2),
+      ...tiny("--set-baseline", 1),
+    ];
+    // three engine starts (team, single agent, its evaluation); minutes on a loaded machine
+    const r = marft(args, 400_000);
     expect(r.status, r.stderr).toBe(0);
     const s = JSON.parse(readFileSync(join(out, "summary.json"), "utf8"));
     expect(s.team).toEqual(["stepper", "actor"]);
@@ -198,6 +196,33 @@ describe("marft demo", () => {
     const bad = marft(["demo", "--seeds", "1,x"]);
     expect(bad.status).toBe(1);
     expect(bad.stderr).toContain('--seeds: expected a list like 1,2,3, got "1,x"');
+
+    // --resume keeps what the demo finished: the single agent with its evaluation as it was, and
+    // the team, whose evaluations are deleted here, evaluated again from its checkpoint, not trained
+    rmSync(join(out, "seed-1", "team", "demo-evals.json"));
+    const again = marft([...args, "--resume"], 200_000);
+    expect(again.status, again.stderr).toBe(0);
+    expect(again.stderr).toMatch(/^seed 1 team: kept from the earlier run, .*iter_1; evaluating it again$/m);
+    expect(again.stderr).toMatch(
+      /^seed 1 single agent: kept from the earlier run, .*, with its evaluations$/m,
+    );
+    expect(again.stderr).not.toMatch(/^seed 1 (team|single agent) \[/m); // no training
+    expect(again.stderr).toMatch(/^seed 1 team eval \(untrained\) \[/m);
+    const s2 = JSON.parse(readFileSync(join(out, "summary.json"), "utf8"));
+    expect(s2.baseline).toEqual(s.baseline);
+    expect(s2.sampled_tokens).toBe(s.sampled_tokens);
+    expect(s2.eval.before.n).toBe(3);
+    expect(s2.eval.after.n).toBe(3);
+    expect(existsSync(join(out, "seed-1", "team", "demo-evals.json"))).toBe(true);
+    // other settings or other problems are refused before anything runs, naming the file
+    const changed = marft([...args, "--resume", "--set", "ppo.epochs=2"]);
+    expect(changed.status).toBe(1);
+    expect(changed.stderr).toMatch(
+      /--resume: .*seed-1\/team\/config\.yaml differs from the config this demo trains, at line \d+/,
+    );
+    const other = marft([...args, "--resume", "--eval", "4"]);
+    expect(other.status).toBe(1);
+    expect(other.stderr).toMatch(/--resume: .*data\/(train|eval)\.jsonl holds other problems/);
   }, 630_000);
 });
 

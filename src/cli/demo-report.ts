@@ -10,7 +10,8 @@ import { type Comparison, compareSeeds } from "./demo-compare.ts";
 import { formatNumber, table } from "./progress.ts";
 
 export interface Job {
-  summary: Summary;
+  /** What the report takes from the job's training summary (also all that --resume reads back). */
+  summary: Pick<Summary, "iterations" | "tokensSampled" | "wallSeconds">;
   before?: EvalResult;
   after: EvalResult;
   metrics: MetricsRow[];

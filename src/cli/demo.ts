@@ -4,20 +4,21 @@
 // agent after on the same held-out problems (and, when the team spends more test-time tokens, the
 // single agent's majority vote at those tokens); compares them with paired tests per seed and across
 // seeds; writes runs/demo/summary.json and runs/demo/report.html.
-import { mkdirSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { loadRunConfig } from "../config/load.ts";
 import type { RunConfig } from "../config/schema.ts";
 import { type ArithKind, arithmeticSplits } from "../envs/math/arith.ts";
 import { createMathSuite, type MathProblem } from "../envs/math/env.ts";
 import type { TaskSuite } from "../flexmg/types.ts";
-import { type EvalResult, evaluate, majorityVote, type VoteResult } from "../train/evaluate.ts";
+import { type EvalResult, evaluate, majorityVote } from "../train/evaluate.ts";
 import type { MetricsRow } from "../train/phases.ts";
-import { RunDir, writeFileAtomic } from "../train/rundir.ts";
+import { RunDir, type TrainerState, writeFileAtomic } from "../train/rundir.ts";
 import { type Summary, train } from "../train/run.ts";
 import { setupEngine } from "../train/setup.ts";
 import { parseCommand } from "./args.ts";
 import { voteSamples } from "./demo-compare.ts";
+import { finishedJob, type JobEvals, readJobEvals, writeJobEvals } from "./demo-resume.ts";
 import { demoExtras, type Job, printTable, type SeedRun, summarize } from "./demo-report.ts";
 import { onInterrupt } from "./interrupt.ts";
 import { formatNumber, Progress } from "./progress.ts";
@@ -41,7 +42,9 @@ options:
   --baseline FILE        the single agent's run config (default configs/demo-baseline.yaml)
   --set path=value       override a field of the team's config (repeatable)
   --set-baseline p=v     override a field of the single agent's config (repeatable)
-  --out DIR              where the runs and summary go (default runs/demo)
+  --out DIR              where the runs and summary go (default runs/demo; a new demo replaces it)
+  --resume               keep the jobs (a seed's team or single agent) that the last demo in --out
+                         finished with the same settings, and their evaluations; train the rest
   -h, --help             this text
 
 Ctrl-C finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C quits at once.
@@ -106,20 +109,21 @@ async function trainJob(
   return { summary, evals: p.evals, metrics: new RunDir(runDir).readMetrics() as MetricsRow[] };
 }
 
-/** Greedy evaluation of a run's last checkpoint and, with `voteK`, a majority vote of k samples. */
+/**
+ * Greedy evaluation of a run's last checkpoint, and of its untrained adapters first with `before`
+ * (the team's evaluation at iteration 0, when --resume keeps a team whose evaluations were lost);
+ * with a `voteFor` k > 0, also a majority vote of k samples.
+ */
 async function evaluateRun(
   label: string,
   config: RunConfig,
   runDir: string,
   suite: TaskSuite<MathProblem>,
-  voteFor: (greedy: EvalResult) => number,
-): Promise<{ after: EvalResult; vote?: VoteResult }> {
+  o: { before?: boolean; voteFor?: (greedy: EvalResult) => number },
+): Promise<JobEvals> {
   const handle = await engineConnector(config, join(runDir, "engine-eval.log"))();
   try {
     await setupEngine(handle.client, config);
-    const ckpt = new RunDir(runDir).latestCheckpoint();
-    if (!ckpt) throw new Error(`${runDir}: no checkpoint to evaluate`);
-    await handle.client.loadCheckpoint({ path: join(ckpt.path, "engine") });
     const common = {
       engine: handle.client,
       suite: suite as TaskSuite<unknown>,
@@ -127,15 +131,19 @@ async function evaluateRun(
       tasks: suite.eval,
       seed: config.seed + 7919,
     };
-    const bar = new Progress(`${label} eval`, suite.eval.length);
-    const after = await evaluate({
-      ...common,
-      greedy: true,
-      onProgress: (d, t) => bar.update(d, "greedy", t),
-    });
-    bar.finish(`accuracy ${formatNumber(after.accuracy)}`);
-    const k = voteFor(after);
-    if (k === 0) return { after };
+    const greedy = async (what: string) => {
+      const bar = new Progress(`${label} eval${what}`, suite.eval.length);
+      const r = await evaluate({ ...common, greedy: true, onProgress: (d, t) => bar.update(d, "greedy", t) });
+      bar.finish(`accuracy ${formatNumber(r.accuracy)}`);
+      return r;
+    };
+    const before = o.before ? await greedy(" (untrained)") : undefined;
+    const ckpt = new RunDir(runDir).latestCheckpoint();
+    if (!ckpt) throw new Error(`${runDir}: no checkpoint to evaluate`);
+    await handle.client.loadCheckpoint({ path: join(ckpt.path, "engine") });
+    const after = await greedy("");
+    const k = o.voteFor?.(after) ?? 0;
+    if (k === 0) return { before, after };
     const vbar = new Progress(`${label} vote@${k}`, suite.eval.length * k);
     const vote = await majorityVote({ ...common, k, onProgress: (d, t) => vbar.update(d, undefined, t) });
     vbar.finish(`accuracy ${formatNumber(vote.accuracy)}`);
@@ -145,13 +153,86 @@ async function evaluateRun(
   }
 }
 
+/**
+ * With --resume, a job an earlier demo finished under the same config: its summary, metrics and
+ * the evaluations it wrote (none when it stopped before writing them). Undefined: train it.
+ */
+function keptJob(
+  label: string,
+  runDir: string,
+  config: RunConfig,
+  done: (s: TrainerState) => boolean,
+): { summary: Job["summary"]; metrics: MetricsRow[]; evals?: JobEvals } | undefined {
+  const f = finishedJob(runDir, config, done);
+  if (typeof f === "string") {
+    if (f !== "not started") process.stderr.write(`${label}: ${f}: training it again from the beginning\n`);
+    return undefined;
+  }
+  const evals = readJobEvals(runDir);
+  process.stderr.write(
+    `${label}: kept from the earlier run, ${f.checkpoint}` +
+      (evals ? ", with its evaluations\n" : "; evaluating it again\n"),
+  );
+  return { summary: f.summary, metrics: new RunDir(runDir).readMetrics() as MetricsRow[], evals };
+}
+
+/** The team: trained, evaluated before and after; or kept (--resume). */
+async function teamJob(
+  label: string,
+  config: RunConfig,
+  runDir: string,
+  suite: TaskSuite<MathProblem>,
+  resume: boolean,
+): Promise<Job & { kept: boolean }> {
+  const k = resume
+    ? keptJob(label, runDir, config, (s) => s.iteration >= config.train.iterations)
+    : undefined;
+  if (k?.evals?.before) {
+    const { before, after } = k.evals;
+    return { summary: k.summary, metrics: k.metrics, before, after, kept: true };
+  }
+  let job: Job;
+  if (k) {
+    const { before, after } = await evaluateRun(label, config, runDir, suite, { before: true });
+    job = { summary: k.summary, metrics: k.metrics, before, after };
+  } else {
+    const t = await trainJob(label, config, runDir, suite);
+    if (t.evals.length < 2) throw new Error(`${label}: expected the evaluations before and after`);
+    job = { summary: t.summary, metrics: t.metrics, before: t.evals[0], after: t.evals.at(-1)! };
+  }
+  writeJobEvals(runDir, { before: job.before, after: job.after });
+  return { ...job, kept: k !== undefined };
+}
+
+/** The single agent: trained to `budget` sampled tokens and evaluated; or kept (--resume). */
+async function baselineJob(
+  label: string,
+  config: RunConfig,
+  runDir: string,
+  suite: TaskSuite<MathProblem>,
+  budget: number,
+  teamTokensPerProblem: number,
+  resume: boolean,
+): Promise<Job> {
+  const done = (s: TrainerState) =>
+    (s.sampledTokens ?? 0) >= budget || s.iteration >= config.train.iterations;
+  const k = resume ? keptJob(label, runDir, config, done) : undefined;
+  if (k?.evals) return { summary: k.summary, metrics: k.metrics, ...k.evals };
+  const trained = k ?? (await trainJob(label, config, runDir, suite, budget));
+  const evals = await evaluateRun(label, config, runDir, suite, {
+    voteFor: (g) => voteSamples(teamTokensPerProblem, g.tokensSampled / g.n),
+  });
+  writeJobEvals(runDir, evals);
+  return { summary: trained.summary, metrics: trained.metrics, ...evals };
+}
+
 async function runSeed(
   seed: number,
   team0: RunConfig,
   baseline0: RunConfig,
-  suite: TaskSuite<MathProblem>,
-  baselineSuite: TaskSuite<MathProblem>,
+  suites: { team: TaskSuite<MathProblem>; baseline: TaskSuite<MathProblem> },
   root: string,
+  resume: boolean,
 ): Promise<SeedRun> {
   const dir = join(root, `seed-${seed}`);
   const teamConfig: RunConfig = {
@@ -159,13 +240,16 @@ async function runSeed(
     seed,
     train: { ...team0.train, evalAtStart: true, evalEvery: 0 },
   };
-  const t = await trainJob(`seed ${seed} team`, teamConfig, join(dir, "team"), suite);
-  const team: Job = { summary: t.summary, before: t.evals[0], after: t.evals.at(-1)!, metrics: t.metrics };
-  if (t.evals.length < 2) throw new Error(`seed ${seed}: expected the team's evaluations before and after`);
+  const { kept, ...team } = await teamJob(
+    `seed ${seed} team`,
+    teamConfig,
+    join(dir, "team"),
+    suites.team,
+    resume,
+  );
 
-  // The single agent trains until it has sampled the team's training tokens (train.maxSampledTokens
-  // once the experiments branch lands); the iteration cap only bounds a run that never gets there.
-  const budget = t.summary.tokensSampled;
+  // The single agent trains until it has sampled the team's training tokens; the iteration cap only
+  // bounds a run that never gets there.
   const baselineConfig: RunConfig = {
     ...baseline0,
     seed,
@@ -176,17 +260,17 @@ async function runSeed(
       evalEvery: 0,
     },
   };
-  const bdir = join(dir, "baseline");
-  const b = await trainJob(`seed ${seed} single agent`, baselineConfig, bdir, baselineSuite, budget);
-  const teamTokens = team.after.tokensSampled / team.after.n;
-  const { after, vote } = await evaluateRun(
+  const baseline = await baselineJob(
     `seed ${seed} single agent`,
     baselineConfig,
-    bdir,
-    baselineSuite,
-    (g) => voteSamples(teamTokens, g.tokensSampled / g.n),
+    join(dir, "baseline"),
+    suites.baseline,
+    team.summary.tokensSampled,
+    team.after.tokensSampled / team.after.n,
+    // its budget is the team's tokens: a team trained again means a single agent trained again
+    resume && kept,
   );
-  return { seed, team, baseline: { summary: b.summary, after, vote, metrics: b.metrics } };
+  return { seed, team, baseline };
 }
 
 function parseSeeds(s: string | undefined, fallback: number): number[] {
@@ -214,6 +298,7 @@ export async function demoCommand(args: string[]): Promise<void> {
     set: { type: "string", multiple: true },
     "set-baseline": { type: "string", multiple: true },
     out: { type: "string" },
+    resume: { type: "boolean" },
   })?.values;
   if (!values) return;
   interrupt = onInterrupt();
@@ -258,11 +343,23 @@ async function demo(values: Record<string, string | string[] | boolean | undefin
     kind,
   );
   const dataDir = join(root, "data");
-  rmSync(root, { recursive: true, force: true });
+  const resume = values.resume === true;
+  // a fresh demo replaces the directory's last one; --resume keeps what it finished on these problems
+  if (!resume) rmSync(root, { recursive: true, force: true });
   mkdirSync(dataDir, { recursive: true });
   const jsonl = (ps: MathProblem[]) => `${ps.map((p) => JSON.stringify(p)).join("\n")}\n`;
-  writeFileAtomic(join(dataDir, "train.jsonl"), jsonl(data.train));
-  writeFileAtomic(join(dataDir, "eval.jsonl"), jsonl(data.eval));
+  for (const [file, problems] of [
+    ["train.jsonl", data.train],
+    ["eval.jsonl", data.eval],
+  ] as const) {
+    const path = join(dataDir, file);
+    if (resume && existsSync(path) && readFileSync(path, "utf8") !== jsonl(problems)) {
+      throw new Error(
+        `--resume: ${path} holds other problems than these options generate (--problems, --train-problems, --eval, the team config's seed); run the demo with the earlier run's options, or without --resume`,
+      );
+    }
+    writeFileAtomic(path, jsonl(problems));
+  }
   const suite = createMathSuite({
     train: data.train,
     eval: data.eval,
@@ -284,7 +381,8 @@ async function demo(values: Record<string, string | string[] | boolean | undefin
   );
 
   const runs: SeedRun[] = [];
-  for (const seed of seeds) runs.push(await runSeed(seed, team0, baseline0, suite, baselineSuite, root));
+  const suites = { team: suite, baseline: baselineSuite };
+  for (const seed of seeds) runs.push(await runSeed(seed, team0, baseline0, suites, root, resume));
 
   const s = summarize(runs, team0, taskName, (performance.now() - t0) / 1000);
   writeFileAtomic(join(root, "summary.json"), `${JSON.stringify(s, null, 2)}\n`);
