@@ -4,8 +4,10 @@
 
 - matmul probe: the dense GEMM rate of this CPU (or GPU) in fp32 and bf16, n x n x n, on the engine's
   compute thread with its thread count. It is the compute limit the fractions below are taken against.
-- decode_roofline_fraction: engine decode tokens/s at batch 32 over probe FLOP/s / FLOPs per token
-  (2 x every linear weight incl. the LM head, plus attention over the context). Also in bf16.
+- decode_roofline_fraction: engine decode tokens/s at batch 32 (decode steps alone: a call's time
+  less that of a call of one token, its prefill) over probe FLOP/s / FLOPs per token (2 x every
+  linear weight incl. the LM head, plus attention over the context). Also in bf16.
+  decode_sampling_flops_fraction_*: the same for the whole call, its prefill's FLOPs counted.
 - train_flops_fraction: model FLOP/s of forward_backward (PPO, LoRA r16 on every projection) on the
   demo's shapes (8 data of a 60-100 token prompt and a 12-20 token answer, weights on the answer) over
   the probe. Model FLOPs: 4 x linear weights x tokens (forward, and the backward's activation
@@ -68,19 +70,29 @@ SMOL = "pkg:smollm2-135m-instruct"
 def bench_decode(
     eng: Engine, base: str, device: str, batch: int, new_tokens: int, reps: int
 ) -> dict[str, float]:
+    """Decode alone: a call of new_tokens + 1 tokens less a call of 1 (the prefill and its token), so
+    the prefill, which the per-token FLOPs below do not count, is not in the decode rate. The whole
+    call's rate, its prefill's FLOPs counted, is `sampling_flops_fraction`."""
     b = eng.bases[base]
     ps = prompts_of(b.tokenizer, "You are a helpful assistant.", problems(batch, 1))
-    sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
-    reqs = [
-        SampleRequest(adapter="__base__", base=base, prompt_ids=p, sampling=sp, seed=i)
-        for i, p in enumerate(ps)
-    ]
-    eng.sample(SampleBatch(requests=reqs[:4]))  # warm-up
+
+    def call(n: int) -> Callable[[], object]:
+        sp = SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True)
+        reqs = [
+            SampleRequest(
+                adapter="__base__", base=base, prompt_ids=p, sampling=sp, seed=i
+            )
+            for i, p in enumerate(ps)
+        ]
+        return lambda: eng.sample(SampleBatch(requests=reqs))
+
+    call(2)()  # warm-up
     dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
     probe: list[float] = []
     t = alternate(
         {
-            "decode": lambda: eng.sample(SampleBatch(requests=reqs)),
+            "prefill": call(1),
+            "decode": call(new_tokens + 1),
             "probe": lambda: probe.append(
                 eng.compute.call(lambda: matmul_flops(dt, device))
             ),
@@ -89,22 +101,32 @@ def bench_decode(
         device,
     )
     s = shape(b.hf)
-    ctx = statistics.mean(len(p) for p in ps) + new_tokens / 2
+    prompt = statistics.mean(len(p) for p in ps)
+    ctx = prompt + new_tokens / 2
     per_token = 2 * (s["linear"] + s["head"]) + attention_flops(s, ctx)
-    tps = batch * new_tokens / t["decode"]
+    step = (t["decode"] - t["prefill"]) / new_tokens  # seconds per decode step
+    tps = batch / step
     peak = statistics.median(probe)
+    # the whole call: the prompts' tokens through the trunk (the head on the last one only), then
+    # the decode steps
+    prefill_flops = batch * (
+        prompt * (2 * s["linear"] + attention_flops(s, prompt / 2)) + 2 * s["head"]
+    )
+    call_flops = prefill_flops + batch * new_tokens * per_token
     return {
         "tokens_per_s": tps,
+        "step_ms": 1e3 * step,
+        "prefill_s": t["prefill"],
         "probe_flops": peak,
         "flops_per_token": per_token,
         "limit_tokens_per_s": peak / per_token,
         "roofline_fraction": tps * per_token / peak,
+        "sampling_flops_fraction": call_flops / t["decode"] / peak,
         # weights read per step over the step time: decode at this batch is compute-bound when this is
         # far below the memory bandwidth
         "weight_bytes_per_s": (s["linear"] + s["head"])
         * (4 if dt == torch.float32 else 2)
-        * tps
-        / batch,
+        / step,
     }
 
 

@@ -221,11 +221,11 @@ class Sampler:
         """The last position's logits [B, V] of a pass with each row through its own adapter."""
         with torch.no_grad(), base.autocast():
             if base.peft is None:
-                out = base.hf(**kw)
-            else:
-                with lora_batch.rows(base.hf, adapter_names) as direct:
-                    out = base.hf(**kw) if direct else base.peft(**kw, adapter_names=adapter_names)
-        return out.logits[:, -1].float()  # [B, V]
+                return base.last_logits(kw)
+            with lora_batch.rows(base.hf, adapter_names) as direct:
+                if direct:
+                    return base.last_logits(kw)
+                return base.peft(**kw, adapter_names=adapter_names).logits[:, -1].float()
 
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)

@@ -7,8 +7,10 @@ Every sampled row draws its token by inverse-CDF sampling from one uniform in [0
 whose cumulative probability, in vocabulary order, exceeds u times the total. The caller draws u from
 the row's own seeded generator, so a row's tokens do not depend on the rest of its batch. Why not
 torch.multinomial: on a CPU it draws one exponential per vocabulary entry, a noticeable share of a
-decode step with a large vocabulary. float64 so the CDF resolves tokens of probability far below
-float32's 6e-8 steps near 1.
+decode step with a large vocabulary. The CDF is summed in float64, so it resolves tokens of
+probability far below float32's 6e-8 steps near 1, and in two levels (`inverse_cdf`): blocks of the
+vocabulary, then the tokens of one block, so a step does not take a float64 pass over the whole
+vocabulary for each row.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def choose_tokens(
     rows sample softmax(logits / temperature), truncated to its top-k and top-p tokens and
     renormalised where those are set; their log-probs are under the tempered policy (truncation is
     not part of it, see schemas.py), their sampler log-probs under the truncated distribution."""
-    B, V = logits.shape
+    B = logits.shape[0]
     greedy = temperatures == 0  # [B]
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)  # [B]
     policy = F.log_softmax(logits / temps[:, None], dim=-1)  # [B, V] the tempered policy
@@ -47,16 +49,47 @@ def choose_tokens(
         rows = truncated.nonzero()[:, 0]  # [R]
         sampler = policy.clone()
         sampler[rows] = truncate(policy[rows], top_k[rows], top_p[rows])
-    tokens = logits.argmax(-1)  # [B] the greedy choice; sampled rows are overwritten
+    tokens = torch.zeros(B, dtype=torch.long, device=logits.device)  # [B]
+    if greedy.any():
+        tokens[greedy] = logits[greedy].argmax(-1)
     drawn = (~greedy).nonzero()[:, 0]  # [S]
-    if len(drawn):
-        cdf = sampler[drawn].double().exp().cumsum(-1)  # [S, V]
-        target = (uniforms[drawn] * cdf[:, -1])[:, None]  # [S, 1]
-        # right=True: the first token whose CDF exceeds the target, so never one of probability 0
-        tokens[drawn] = torch.searchsorted(cdf, target, right=True).clamp_max(V - 1)[:, 0]
+    if len(drawn) == B:
+        tokens = inverse_cdf(sampler, uniforms)
+    elif len(drawn):
+        tokens[drawn] = inverse_cdf(sampler[drawn], uniforms[drawn])
     logprobs = policy.gather(1, tokens[:, None])[:, 0]  # [B]
     sampler_logprobs = sampler.gather(1, tokens[:, None])[:, 0].masked_fill(greedy, 0.0)  # [B]
     return Choice(tokens=tokens, logprobs=logprobs, sampler_logprobs=sampler_logprobs)
+
+
+BLOCK = 256  # vocabulary entries per block of the two-level CDF (`inverse_cdf`)
+
+
+def inverse_cdf(
+    logp: torch.Tensor,  # [S, V] log-probs (-inf: never drawn)
+    uniforms: torch.Tensor,  # [S] float64 in [0, 1)
+) -> torch.Tensor:
+    """[S] the first token, in vocabulary order, whose cumulative probability exceeds u times the
+    total; never one of probability 0. Cumulative sums in float64, first over blocks of BLOCK
+    tokens [S, V / BLOCK], then within the one block the target falls in [S, BLOCK]."""
+    S, V = logp.shape
+    nb = -(-V // BLOCK)
+    p = logp.exp()  # [S, V]
+    if V % BLOCK:
+        p = F.pad(p, (0, nb * BLOCK - V))  # [S, nb * BLOCK]; the padding has probability 0
+    blocks = p.view(S, nb, BLOCK)  # [S, nb, BLOCK]
+    cum = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [S, nb]
+    target = uniforms * cum[:, -1]  # [S]
+    # right=True: the first block whose CDF exceeds the target; rounding past the end takes the last
+    # block with any mass
+    last_block = (cum < cum[:, -1:]).sum(-1)  # [S]
+    j = torch.minimum(torch.searchsorted(cum, target[:, None], right=True)[:, 0], last_block)  # [S]
+    before = torch.where(j > 0, cum.gather(1, (j - 1).clamp_min(0)[:, None])[:, 0], 0.0)  # [S]
+    rows = torch.arange(S, device=logp.device)
+    inner = blocks[rows, j].double().cumsum(-1)  # [S, BLOCK]
+    last = (inner < inner[:, -1:]).sum(-1)  # [S] the block's last token of positive probability
+    k = torch.minimum(torch.searchsorted(inner, (target - before)[:, None], right=True)[:, 0], last)
+    return j * BLOCK + k  # [S]
 
 
 def truncate(

@@ -95,3 +95,26 @@ def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(
             caplog.clear()
         finally:
             eng.close()
+
+
+def test_grouped_decode_attention_is_sdpa_with_each_query_heads_keys() -> None:
+    """A one-token query's attention by grouped matmuls against SDPA on keys and values repeated per
+    query head (Hugging Face's repeat_kv), with a padding mask (bool and additive) and without."""
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, L, D = 5, 9, 3, 17, 64
+    q = torch.randn(B, H, 1, D, generator=g)
+    k = torch.randn(B, Hkv, L, D, generator=g)
+    v = torch.randn(B, Hkv, L, D, generator=g)
+    mask = torch.ones(B, 1, 1, L, dtype=torch.bool)
+    for b in range(B):
+        mask[b, ..., : 3 * b] = False  # row b: 3b columns of left padding
+    additive = torch.zeros(B, 1, 1, L).masked_fill(~mask, float("-inf"))
+    rep = lambda x: x.repeat_interleave(H // Hkv, dim=1)  # noqa: E731  [B, H, L, D]
+    for m in (mask, additive, None):
+        want = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=m, scale=0.3)
+        got = precision.grouped_decode_attention(q, k, v, m, 0.3)
+        assert got.shape == (B, H, 1, D)
+        assert torch.allclose(got, want, atol=1e-5), (m is None, (got - want).abs().max())
+    # the default scale is 1/sqrt(D), as SDPA's
+    want = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=mask)
+    assert torch.allclose(precision.grouped_decode_attention(q, k, v, mask, None), want, atol=1e-5)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from marft_engine.token_choice import choose_tokens, truncate
+from marft_engine.token_choice import BLOCK, choose_tokens, inverse_cdf, truncate
 
 P = [0.1, 0.2, 0.3, 0.4]  # the policy at temperature 1 of every row below
 LOGITS = [math.log(p) for p in P]
@@ -132,3 +132,27 @@ def test_truncated_sampling_follows_the_truncated_distribution() -> None:
     se = (want * (1 - want) / n).sqrt()
     assert ((got - want).abs() <= 4.5 * se).all(), (got, want)
     assert torch.allclose(c.sampler_logprobs.double().exp(), want[c.tokens], atol=1e-5)
+
+
+def test_two_level_cdf_picks_the_token_of_the_whole_vocabulary_cdf() -> None:
+    """inverse_cdf against one float64 CDF over the whole vocabulary: a vocabulary of several blocks
+    and a ragged last one, tokens of probability 0 (top-k cuts, and a whole block of them), tiny
+    ones, and uniforms at block edges and near 1."""
+    g = torch.Generator().manual_seed(2)
+    S, V = 64, 5 * BLOCK + 37
+    logp = (torch.randn(S, V, generator=g) * 4).log_softmax(-1)  # [S, V]
+    logp[:, BLOCK : 2 * BLOCK] = float("-inf")  # a block without mass
+    logp[::2, -50:] = float("-inf")  # the vocabulary's end without mass on half of the rows
+    logp[1, 7] = -40.0  # probability 4e-18
+    u = torch.rand(S, generator=g, dtype=torch.float64)
+    u[:4] = torch.tensor([0.0, 1 - 1e-12, 0.5, 1 - 1e-16], dtype=torch.float64)
+    cdf = logp.double().exp().cumsum(-1)  # [S, V]
+    # an edge: exactly the mass of the first block, so the first token of the next block with mass
+    u[4] = float(cdf[4, BLOCK - 1] / cdf[4, -1])
+    want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp_max(V - 1)
+    got = inverse_cdf(logp, u)
+    # the same tokens (the two sums round differently, which could move a draw within ~1e-16 of a
+    # token's edge; none of these is)
+    assert got.tolist() == want.tolist()
+    assert torch.isfinite(logp.gather(1, got[:, None])).all()  # never a token of probability 0
+    assert int(got[1]) == int(logp[1].isfinite().nonzero().max())  # u near 1: the last token with mass
