@@ -1,6 +1,6 @@
 """Engine speed against the hardware: the figures of issue 17, each a ratio measured in one run.
 
-    .venv/bin/python bench/speed_bench.py [--quick] [--source pkg:smollm2-135m-instruct] --out FILE.json
+    .venv/bin/python bench/speed_bench.py [--quick] [--only=decode,train,prefix,short] [--source pkg:smollm2-135m-instruct] --out FILE.json
 
 - matmul probe: the dense GEMM rate of this CPU (or GPU) in fp32 and bf16, n x n x n, on the engine's
   compute thread with its thread count. It is the compute limit the fractions below are taken against.
@@ -387,8 +387,17 @@ def report(part: dict[str, Any]) -> dict[str, Any]:
     return part
 
 
+PARTS = ("decode", "train", "prefix", "short")
+
+
 def run_all(
-    device: str, source: str, reps: int, quick: bool, dtypes: list[str], episodes: int
+    device: str,
+    source: str,
+    reps: int,
+    quick: bool,
+    dtypes: list[str],
+    episodes: int,
+    parts: tuple[str, ...] = PARTS,
 ) -> dict[str, Any]:
     res: dict[str, Any] = {
         "device": device,
@@ -400,11 +409,13 @@ def run_all(
         eng = Engine(device=device, max_batch=64)
         try:
             eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))  # type: ignore[arg-type]
-            d = bench_decode(eng, "s", device, 32, 16 if quick else 32, reps)
-            res.update(report({f"decode_{k}_{dtype}": v for k, v in d.items()}))
-            tr = bench_train(eng, "s", device, reps)
-            res.update(report({f"{k}_{dtype}": v for k, v in tr.items()}))
-            if dtype == "float32":
+            if "decode" in parts:
+                d = bench_decode(eng, "s", device, 32, 16 if quick else 32, reps)
+                res.update(report({f"decode_{k}_{dtype}": v for k, v in d.items()}))
+            if "train" in parts:
+                tr = bench_train(eng, "s", device, reps)
+                res.update(report({f"{k}_{dtype}": v for k, v in tr.items()}))
+            if dtype == "float32" and "prefix" in parts:
                 # a byte-level tiny model (tests) takes 1024 tokens: a shorter header
                 res.update(
                     report(
@@ -417,6 +428,7 @@ def run_all(
                         )
                     )
                 )
+            if dtype == "float32" and "short" in parts:
                 res.update(report(bench_short_answers(eng, "s", device, reps)))
         finally:
             eng.close()
@@ -460,10 +472,18 @@ def main() -> None:
     )
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"some of {','.join(PARTS)} (default: all; short and prefix run in float32 only)",
+    )
+    ap.add_argument(
         "--episodes", type=int, default=32, help="episodes of the prefix-reuse rollout"
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    unknown = set(args.only.split(",")) - set(PARTS)
+    if unknown:
+        ap.error(f"--only: {', '.join(sorted(unknown))} not one of {', '.join(PARTS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -475,6 +495,7 @@ def main() -> None:
         args.quick,
         args.dtypes.split(","),
         args.episodes,
+        tuple(args.only.split(",")),
     )
     res["seconds"] = time.time() - t0
     Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")

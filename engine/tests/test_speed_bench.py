@@ -1,0 +1,41 @@
+"""bench/speed_bench.py runs end to end on a tiny model: decode (timed without its prefill) and the
+short-answer comparison write positive, finite figures, and a bad --only is refused by name."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "speed_bench.py", "--source", "tiny:llama", "--quick", "--reps", "1", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, cwd=BENCH, env=env, capture_output=True, text=True)
+
+
+def test_speed_bench_decode_and_short_answers_on_a_tiny_model(tmp_path: Path) -> None:
+    out = tmp_path / "speed.json"
+    r = run(tmp_path, "--only=decode,short", "--dtypes=float32", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for key in [
+        "decode_roofline_fraction",
+        "decode_sampling_flops_fraction_float32",
+        "decode_step_ms_float32",
+        "decode_prefill_s_float32",
+        "engine_vs_generate_short",
+        "engine_vs_generate_short_no_reuse",
+    ]:
+        assert isinstance(res[key], float) and math.isfinite(res[key]) and res[key] > 0, key
+    assert "train_flops_fraction" not in res  # --only left the training section out
+
+
+def test_speed_bench_names_an_unknown_part(tmp_path: Path) -> None:
+    r = run(tmp_path, "--only=decode,nope", "--out", str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "--only: nope not one of decode, train, prefix, short" in r.stderr
