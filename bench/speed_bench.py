@@ -456,29 +456,12 @@ def main() -> None:
     )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--source", default=SMOL)
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="3 alternations instead of 5, 16 decode tokens",
-    )
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (the engine's default on CPU: 1)",
-    )
-    ap.add_argument(
-        "--reps", type=int, default=None, help="alternations (default 5; --quick 3)"
-    )
+    ap.add_argument("--quick", action="store_true", help="3 alternations, 16 tokens")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (engine: 1)")
+    ap.add_argument("--reps", type=int, default=None, help="alternations (5; quick 3)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument(
-        "--only",
-        default=",".join(PARTS),
-        help=f"some of {','.join(PARTS)} (default: all; short and prefix run in float32 only)",
-    )
-    ap.add_argument(
-        "--episodes", type=int, default=32, help="episodes of the prefix-reuse rollout"
-    )
+    ap.add_argument("--only", default=",".join(PARTS), help="parts (default: all)")
+    ap.add_argument("--episodes", type=int, default=32, help="prefix-reuse episodes")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     unknown = set(args.only.split(",")) - set(PARTS)

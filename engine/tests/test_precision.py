@@ -97,9 +97,9 @@ def test_auto_dtype_is_bf16_only_on_a_cpu_with_native_bf16(
             eng.close()
 
 
-def test_grouped_decode_attention_is_sdpa_with_each_query_heads_keys() -> None:
-    """A one-token query's attention by grouped matmuls against SDPA on keys and values repeated per
-    query head (Hugging Face's repeat_kv), with a padding mask (bool and additive) and without."""
+def test_cpu_attention_override_is_sdpa_on_each_query_heads_keys() -> None:
+    """The override every CPU base gets (attention_in_cache_dtype) against SDPA on keys and values
+    repeated per query head (Hugging Face's repeat_kv): a one-token query with a padding mask."""
     g = torch.Generator().manual_seed(0)
     B, H, Hkv, L, D = 5, 9, 3, 17, 64
     q = torch.randn(B, H, 1, D, generator=g)
@@ -108,13 +108,8 @@ def test_grouped_decode_attention_is_sdpa_with_each_query_heads_keys() -> None:
     mask = torch.ones(B, 1, 1, L, dtype=torch.bool)
     for b in range(B):
         mask[b, ..., : 3 * b] = False  # row b: 3b columns of left padding
-    additive = torch.zeros(B, 1, 1, L).masked_fill(~mask, float("-inf"))
     rep = lambda x: x.repeat_interleave(H // Hkv, dim=1)  # noqa: E731  [B, H, L, D]
-    for m in (mask, additive, None):
-        want = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=m, scale=0.3)
-        got = precision.grouped_decode_attention(q, k, v, m, 0.3)
-        assert got.shape == (B, H, 1, D)
-        assert torch.allclose(got, want, atol=1e-5), (m is None, (got - want).abs().max())
-    # the default scale is 1/sqrt(D), as SDPA's
-    want = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=mask)
-    assert torch.allclose(precision.grouped_decode_attention(q, k, v, mask, None), want, atol=1e-5)
+    want = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=mask, scale=0.3)
+    got, _ = precision.attention_in_cache_dtype(torch.nn.Module(), q, k, v, mask, scaling=0.3)
+    assert got.shape == (B, 1, H, D)
+    assert torch.allclose(got, want.transpose(1, 2), atol=1e-5)
