@@ -65,8 +65,7 @@ class Base:
         matmul turns into one product per row with the head's weights broadcast: 8x slower on a CPU
         for a prefill of 32 prompts (docs/MEASUREMENTS.md)."""
         if not self.plain_head:
-            return self.hf(**kw).logits[:, -1].float()
-        kw = {k: v for k, v in kw.items() if k != "logits_to_keep"}
+            return self.hf(**kw, logits_to_keep=1).logits[:, -1].float()
         hidden = self.hf.model(**kw).last_hidden_state  # [B, T, d]
         return self.hf.lm_head(hidden[:, -1]).float()  # [B, V]
 

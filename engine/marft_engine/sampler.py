@@ -225,7 +225,7 @@ class Sampler:
             with lora_batch.rows(base.hf, adapter_names) as direct:
                 if direct:
                     return base.last_logits(kw)
-                return base.peft(**kw, adapter_names=adapter_names).logits[:, -1].float()
+                return base.peft(**kw, adapter_names=adapter_names, logits_to_keep=1).logits[:, -1].float()
 
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)
@@ -358,7 +358,6 @@ class Sampler:
             position_ids=pos.to(dev),
             past_key_values=past,
             use_cache=True,
-            logits_to_keep=1,
             adapter_names=[a for a, _ in prompts],
         )
         kv = layers_of(past)
