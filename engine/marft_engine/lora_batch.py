@@ -8,8 +8,8 @@ two bmm calls per layer whatever the number of adapters. Every row is computed o
 result does not depend on the rest of the batch.
 
 Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
-pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: per adapter, its
-rows through its own LoRA modules, with gradients; one adapter alone goes through PEFT's forward. The stacks are rebuilt when `bump()` says
+pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: each run of one
+adapter's rows through its own LoRA modules, with gradients. The stacks are rebuilt when `bump()` says
 weights may have changed (optimizer steps, loads, adapter creation and deletion).
 """
 
@@ -120,15 +120,15 @@ def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
     (a noticeable share of a CPU decode step). Yields False, and does nothing, where the model
     has LoRA layers of another kind (which would ignore the rows): then call PEFT with
     `adapter_names`."""
-    global _rows, _row_groups
+    global _rows, _row_runs
     if not _only_linear_lora(model):
         yield False
         return
-    _rows, _row_groups = adapter_names, None
+    _rows, _row_runs = adapter_names, None
     try:
         yield True
     finally:
-        _rows, _row_groups = None, None
+        _rows, _row_runs = None, None
 
 
 def rows_supported(model: torch.nn.Module) -> bool:
@@ -154,44 +154,51 @@ def _forward(self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: 
     return _original_forward(self, x, *args, **kwargs)
 
 
-_row_groups: tuple[int, dict[str, torch.Tensor]] | None = (
-    None  # (id of _rows, adapter -> row indices); reset by rows()
-)
+_row_runs: tuple[int, list[tuple[str, int, int]]] | None = None  # (id of _rows, runs); reset by rows()
 
 
-def _groups(device: torch.device) -> dict[str, torch.Tensor]:
-    """The rows of each adapter in the call in progress (computed once per call, not per layer)."""
-    global _row_groups
+def _runs() -> list[tuple[str, int, int]]:
+    """The call in progress as runs of consecutive rows of one adapter: (adapter, start, length),
+    computed once per call, not per layer. training_batch orders each micro-batch's rows by call,
+    so there is one run per adapter."""
+    global _row_runs
     assert _rows is not None
-    if _row_groups is None or _row_groups[0] != id(_rows):
-        by: dict[str, list[int]] = {}
+    if _row_runs is None or _row_runs[0] != id(_rows):
+        runs: list[tuple[str, int, int]] = []
         for i, a in enumerate(_rows):
-            by.setdefault(a, []).append(i)
-        _row_groups = (id(_rows), {a: torch.tensor(ix, device=device) for a, ix in sorted(by.items())})
-    return _row_groups[1]
+            if runs and runs[-1][0] == a:
+                runs[-1] = (a, runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((a, i, 1))
+        _row_runs = (id(_rows), runs)
+    return _row_runs[1]
 
 
 def _train_rows_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object
 ) -> torch.Tensor:
     """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py): each
-    adapter's rows through its own A and B, exactly PEFT's single-adapter math on those rows
-    (dropout included), added to the frozen layer's output. x [B, T, d_in] -> [B, T, d_out]."""
+    run of one adapter's rows through its own A and B, exactly PEFT's single-adapter math on those
+    rows (dropout included), added to the frozen layer's output. The runs are views of x and their
+    outputs are joined once: gathering and scattering rows per adapter copied the whole layer output
+    once per adapter, in every layer. x [B, T, d_in] -> [B, T, d_out]."""
     for k in lora_layer.VARIANT_KWARG_KEYS:
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
-    groups = _groups(x.device)
-    for a, idx in groups.items():
+    runs = _runs()
+    parts: list[torch.Tensor] = []
+    # split, not narrow: split's backward joins the pieces' gradients once, where each narrow's
+    # backward writes its piece into a zero tensor the size of x
+    for (a, _, n), sub in zip(runs, x.split([n for _, _, n in runs]), strict=True):  # sub [n, T, d_in]
         if a not in self.lora_A:  # __base__ rows, or an adapter without LoRA on this layer
+            parts.append(result.new_zeros((n, *result.shape[1:])))
             continue
         if a in self.lora_variant:
             raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
         lora_a, lora_b = self.lora_A[a], self.lora_B[a]
-        whole = len(groups) == 1
-        sub = (x if whole else x.index_select(0, idx)).to(lora_a.weight.dtype)  # [B_a, T, d_in]
-        out = lora_b(lora_a(self.lora_dropout[a](sub))) * self.scaling[a]  # [B_a, T, d_out]
-        result = result + out.to(result.dtype) if whole else result.index_add(0, idx, out.to(result.dtype))
-    return result
+        sub = sub.to(lora_a.weight.dtype)
+        parts.append((lora_b(lora_a(self.lora_dropout[a](sub))) * self.scaling[a]).to(result.dtype))
+    return result + (parts[0] if len(parts) == 1 else torch.cat(parts))  # [B, T, d_out]
 
 
 def install() -> None:

@@ -101,6 +101,7 @@ def _fused(base: Base, calls: list[Call]) -> tuple[list[ForwardBackwardResponse]
     shared = 0
     with all_active(base, [call.adapter for call in calls]):
         for g in groups:
+            g = sorted(g, key=lambda j: items[j][0])  # each call's rows together: one LoRA run per adapter
             rows_of: dict[int, list[int]] = {}  # call -> its rows in this micro-batch
             for r, j in enumerate(g):
                 rows_of.setdefault(items[j][0], []).append(r)

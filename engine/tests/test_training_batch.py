@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import add_policy, ppo_data, snapshot
+from helpers import add_policy, perturb, ppo_data, snapshot
 
+from marft_engine import lora_batch, training, training_batch
 from marft_engine.engine import Engine
 from marft_engine.errors import EngineError
 from marft_engine.schemas import (
+    AdapterCreate,
     Datum,
     ForwardBackwardBatch,
     ForwardBackwardRequest,
+    LoraConfig,
     OptimStepRequest,
     PPOConfig,
     ValueConfig,
@@ -105,3 +108,53 @@ def test_a_bad_call_runs_nothing(with_d: Engine) -> None:
     with pytest.raises(EngineError, match=r"calls\[1\]\.loss"):
         engine.forward_backward_batch(ForwardBackwardBatch(calls=[calls(engine)[0], bad]))
     assert all(g is None for gs in grads(engine).values() for g in gs)
+
+
+def test_an_adapter_with_lora_on_fewer_layers_shares_a_pass(with_d: Engine) -> None:
+    """Its rows get nothing from the layers it has no LoRA on (a zero part of that layer's runs)."""
+    engine = with_d
+    engine.create_adapter(
+        AdapterCreate(
+            name="Q", base="b", lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "up_proj"]), seed=9
+        )
+    )
+    perturb(engine, "Q", 1009)
+    try:
+        cs = [
+            ForwardBackwardRequest(adapter="A", loss="ppo", data=ppo_data(engine, "A", 46, n=3)),
+            ForwardBackwardRequest(adapter="Q", loss="ppo", data=ppo_data(engine, "Q", 47, n=3)),
+        ]
+        grads(engine)
+        for c in cs:
+            engine.forward_backward(c)
+        want = grads(engine)
+        assert engine.forward_backward_batch(ForwardBackwardBatch(calls=cs)).fused_passes == 1
+        got = grads(engine)
+        for name in ("A", "Q"):
+            for g, w in zip(got[name], want[name], strict=True):
+                assert w is not None and g is not None
+                assert float((g - w).norm()) <= 1e-4 * float(w.norm()) + 1e-9, name
+    finally:
+        engine.delete_adapter("Q")
+
+
+def test_interleaved_rows_each_take_their_own_adapter(with_d: Engine) -> None:
+    """lora_batch.rows with gradients on rows in any order (runs of one adapter, not one per
+    adapter): every row's logits equal its adapter's own forward, and the gradient reaches it."""
+    engine = with_d
+    base = engine.bases["b"]
+    names = ["A", "D", "D", "A", "__base__", "A"]
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, base.vocab_size, (len(names), 7), generator=g)  # [B, T]
+    with training_batch.all_active(base, [engine.adapters["A"], engine.adapters["D"]]):
+        with lora_batch.rows(base.hf, names):
+            logits = base.hf(input_ids=ids).logits  # [B, T, V]
+        logits[3].sum().backward()  # row 3 is A's
+    assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in engine.adapters["A"].params)
+    assert all(p.grad is None or not p.grad.any() for p in engine.adapters["D"].params)  # D has no row 3
+    grads(engine)
+    with torch.no_grad():
+        for i, a in enumerate(names):
+            with training.active(base, None if a == "__base__" else engine.adapters[a]):
+                own = base.hf(input_ids=ids[i : i + 1]).logits[0]  # [T, V]
+            assert torch.allclose(logits[i].detach(), own, atol=1e-5), (i, a)
