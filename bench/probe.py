@@ -1,4 +1,5 @@
-"""Shared pieces of the speed benchmarks: timing, alternation, the matmul probe, model shapes.
+"""Shared pieces of the speed benchmarks: timing, alternation, the matmul probe, model shapes and
+FLOPs, and the workloads (prompts, training data).
 
 The machine these run on is shared: every comparison alternates its sides and takes medians, and the
 compute limit is measured in the same run (`matmul_flops`) rather than taken from a datasheet.
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from marft_engine.schemas import Datum
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -82,6 +84,26 @@ def attention_flops(s: dict[str, float], context: float) -> float:
     return 4 * s["layers"] * s["q_width"] * context
 
 
+def sampling_flops(
+    s: dict[str, float],
+    prefill_tokens: float,
+    prompt: float,
+    rows: int,
+    decode_tokens: float,
+    context: float,
+) -> float:
+    """Model FLOPs of a sampling call: the prefilled tokens through the trunk (prompts of mean length
+    `prompt`), the head at each row's last prompt position, then the decoded tokens through trunk
+    and head at a mean context of `context`."""
+    prefill = (
+        prefill_tokens * (2 * s["linear"] + attention_flops(s, prompt / 2))
+        + rows * 2 * s["head"]
+    )
+    return prefill + decode_tokens * (
+        2 * (s["linear"] + s["head"]) + attention_flops(s, context)
+    )
+
+
 def prompts_of(tok: Any, system: str, users: list[str]) -> list[list[int]]:
     out = []
     for u in users:
@@ -108,3 +130,29 @@ def problems(n: int, seed: int) -> list[str]:
             f"{names[i % 8]} has {a} {things[i % 6]} and gets {b} more. How many {things[i % 6]} now?"
         )
     return out
+
+
+def demo_data(tok_vocab: int, n: int, seed: int) -> list[Datum]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        p = int(torch.randint(60, 101, (1,), generator=g))
+        r = int(torch.randint(12, 21, (1,), generator=g))
+        toks = torch.randint(0, min(tok_vocab, 32000), (p + r,), generator=g).tolist()
+        out.append(
+            Datum(
+                tokens=toks,
+                weights=[0.0] * p + [1.0] * r,
+                old_logprobs=[-5.0] * (p + r),
+                advantages=torch.randn(p + r, generator=g).tolist(),
+            )
+        )
+    return out
+
+
+def few_shot(n: int) -> str:
+    """n worked examples, the same in every prompt (12: about 300 SmolLM2 tokens)."""
+    return " ".join(
+        f"Example {i}: {p} Answer: {i * 7 % 50 + 3}."
+        for i, p in enumerate(problems(n, 99))
+    )

@@ -39,10 +39,10 @@ from typing import Any
 import torch
 from marft_engine.engine import Engine
 from marft_engine.models import load_source
+from marft_engine.prefix_cache import shared_in_batch
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
-    Datum,
     ForwardBackwardBatch,
     ForwardBackwardRequest,
     LoraConfig,
@@ -55,9 +55,12 @@ from probe import (
     TARGETS,
     alternate,
     attention_flops,
+    demo_data,
+    few_shot,
     matmul_flops,
     problems,
     prompts_of,
+    sampling_flops,
     shape,
 )
 
@@ -128,24 +131,6 @@ def bench_decode(
         * (4 if dt == torch.float32 else 2)
         / step,
     }
-
-
-def demo_data(tok_vocab: int, n: int, seed: int) -> list[Datum]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        p = int(torch.randint(60, 101, (1,), generator=g))
-        r = int(torch.randint(12, 21, (1,), generator=g))
-        toks = torch.randint(0, min(tok_vocab, 32000), (p + r,), generator=g).tolist()
-        out.append(
-            Datum(
-                tokens=toks,
-                weights=[0.0] * p + [1.0] * r,
-                old_logprobs=[-5.0] * (p + r),
-                advantages=torch.randn(p + r, generator=g).tolist(),
-            )
-        )
-    return out
 
 
 def bench_train(
@@ -222,14 +207,6 @@ def bench_train(
         "probe_flops": peak,
         "train_tokens_per_s": tokens / t["one"],
     }
-
-
-def few_shot(n: int) -> str:
-    """n worked examples, the same in every prompt (12: about 300 SmolLM2 tokens)."""
-    return " ".join(
-        f"Example {i}: {p} Answer: {i * 7 % 50 + 3}."
-        for i, p in enumerate(problems(n, 99))
-    )
 
 
 def bench_prefix_reuse(
@@ -356,7 +333,12 @@ def bench_short_answers(
 
         return go
 
-    engine(False)()
+    before = eng.stats({}).prefix_cache
+    engine(True)()  # also the warm-up
+    hit = eng.stats({}).prefix_cache.hit_tokens - before.hit_tokens
+    shared = shared_in_batch(
+        [(0, p, 0) for p in ps]
+    )  # prefixes prefilled once, before the prompts
     generate()
     t = alternate(
         {
@@ -369,7 +351,22 @@ def bench_short_answers(
     )
     b.prefix_cache_bytes = budget
     wanted = sum(lengths)
+    s, prompt = shape(b.hf), statistics.mean(len(p) for p in ps)
+    # the first token of each row comes from the prefill; generate runs every row to the longest
+    gen = sampling_flops(
+        s, batch * L, L, batch, batch * (max(lengths) - 1), L + max(lengths) / 2
+    )
+    mine = sampling_flops(
+        s,
+        sum(len(p) for p in ps) - hit + sum(len(toks) for _, toks in shared),
+        prompt,
+        batch,
+        wanted - batch,
+        prompt + statistics.mean(lengths) / 2,
+    )
     return {
+        # the speedup a compute-bound machine allows: generate's model FLOPs over the engine's
+        "engine_vs_generate_short_flops_bound": gen / mine,
         "engine_vs_generate_short": t["generate"] / t["engine"],
         "engine_vs_generate_short_no_reuse": t["generate"] / t["engine_no_reuse"],
         "engine_short_tokens_per_s": wanted / t["engine"],

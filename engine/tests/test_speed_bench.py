@@ -31,8 +31,11 @@ def test_speed_bench_decode_and_short_answers_on_a_tiny_model(tmp_path: Path) ->
         "decode_prefill_s_float32",
         "engine_vs_generate_short",
         "engine_vs_generate_short_no_reuse",
+        "engine_vs_generate_short_flops_bound",
     ]:
         assert isinstance(res[key], float) and math.isfinite(res[key]) and res[key] > 0, key
+    # generate pads every prompt to the longest and runs every row to the longest answer
+    assert res["engine_vs_generate_short_flops_bound"] > 1
     assert "train_flops_fraction" not in res  # --only left the training section out
 
 
