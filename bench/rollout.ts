@@ -24,8 +24,11 @@ export const MODEL = "pkg:smollm2-135m-instruct";
 const TEMPERATURE = 0.5;
 const TOP_K = 50;
 
-// The reference's scheme runs in both precisions and the faster one is the baseline: in fp32, and in
-// bf16 as Hugging Face runs a bf16 model. MARFT's engine runs the base as the demo does (bf16).
+// MARFT's engine runs the base as the demo does (dtype auto: bf16 on a GPU or a CPU with native bf16,
+// else fp32). The reference's scheme runs in fp32 and, where the CPU has native bf16 (auto chose it),
+// also in bf16 as Hugging Face runs a bf16 model; the faster one is the baseline. Without native bf16
+// a bf16 matmul runs dozens of times slower than fp32 (docs/MEASUREMENTS.md), so it is never the
+// baseline's best setting there.
 const REFERENCE_DTYPES = ["float32", "bfloat16"] as const;
 type Dtype = (typeof REFERENCE_DTYPES)[number];
 
@@ -39,6 +42,7 @@ export interface RolloutBenchCase {
   agents: number;
   graph: "sequential" | "parallel";
   marftSeconds: number;
+  marftDtype: string; // what dtype auto chose for MARFT's engine
   referenceSeconds: number; // the faster of referenceSecondsByDtype
   referenceSecondsByDtype: Partial<Record<Dtype, number>>; // after the first seed: the faster dtype only
   marftTokens: number;
@@ -149,9 +153,18 @@ export async function benchRollout(
   const fastest = new Map<string, Dtype>();
   try {
     const client = engine.client;
-    // as the demo runs it: bf16 base, the prefix cache on (each agent's system prompt is the same in
+    // as the demo runs it: dtype auto, the prefix cache on (each agent's system prompt is the same in
     // every episode; an agent's prompt holds the problem the earlier agents' prompts began with)
-    await client.createBase({ name: "smol", source: MODEL, dtype: "bfloat16", prefix_cache_mb: 1024 });
+    const base = await client.createBase({
+      name: "smol",
+      source: MODEL,
+      dtype: "auto",
+      prefix_cache_mb: 1024,
+    });
+    const candidates: Dtype[] = base.dtype === "bfloat16" ? [...REFERENCE_DTYPES] : ["float32"];
+    log(
+      `rollout bench: MARFT's base in ${base.dtype} (${base.dtype_reason}); reference in ${candidates.join(", ")}`,
+    );
     for (const a of team(4)) await client.createAdapter({ name: a.id, base: "smol" });
     const modelDir = join(
       process.env["MARFT_CACHE_DIR"] ?? join(REPO, ".cache"),
@@ -167,7 +180,7 @@ export async function benchRollout(
           log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; reference start`);
           // both precisions at the first seed; later seeds run the one that was faster there
           const key = `${n} ${graph}`;
-          const dtypes = fastest.has(key) ? [fastest.get(key)!] : [...REFERENCE_DTYPES];
+          const dtypes = fastest.has(key) ? [fastest.get(key)!] : candidates;
           const refs = dtypes.map((dtype) =>
             referenceRollout(
               agents,
@@ -189,6 +202,7 @@ export async function benchRollout(
             agents: n,
             graph,
             marftSeconds: m.seconds,
+            marftDtype: base.dtype,
             referenceSeconds: ref.seconds,
             referenceSecondsByDtype: Object.fromEntries(dtypes.map((d, i) => [d, refs[i]!.seconds])),
             referenceTokensByDtype: Object.fromEntries(dtypes.map((d, i) => [d, refs[i]!.tokens])),
