@@ -1,5 +1,6 @@
 """bench/speed_bench.py runs end to end on a tiny model: decode (timed without its prefill) and the
-short-answer comparison write positive, finite figures, and a bad --only is refused by name."""
+short-answer comparison write positive, finite figures, a bad --only is refused by name, and every
+kernel the matmul probe times computes the product."""
 
 from __future__ import annotations
 
@@ -42,3 +43,25 @@ def test_speed_bench_decode_and_short_answers_on_a_tiny_model(tmp_path: Path) ->
 def test_speed_bench_names_an_unknown_part(tmp_path: Path) -> None:
     r = run(tmp_path, "--only=decode,nope", "--out", str(tmp_path / "x.json"))
     assert r.returncode == 2 and "--only: nope not one of decode, train, prefix, short" in r.stderr
+
+
+def test_every_probe_kernel_computes_the_product() -> None:
+    """The probe times the fastest of its kernels: each must compute a @ b.T (a rectangular case, so a
+    transposed or mis-packed weight shows), in fp32 and bf16."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import torch
+        from probe import gemm_kernels
+    finally:
+        sys.path.remove(str(BENCH))
+    torch.manual_seed(0)
+    for dtype, tol in [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)]:
+        a = torch.randn(32, 576).to(dtype)
+        b = torch.randn(192, 576).to(dtype)
+        want = a.double() @ b.double().T
+        kernels = gemm_kernels(a, b)
+        assert "matmul" in kernels
+        for name, fn in kernels.items():
+            got = fn()
+            assert got.shape == (32, 192), name
+            assert torch.allclose(got.double(), want, rtol=tol, atol=tol * 24), (name, dtype)
