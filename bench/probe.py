@@ -74,6 +74,35 @@ def matmul_flops(
     return best
 
 
+def linear_seconds(
+    model: torch.nn.Module, rows: int, reps: int = 5
+) -> dict[str, float]:
+    """Seconds for every base linear weight of the model (LoRA apart, the LM head included) applied
+    to `rows` rows once, as a decode step at batch `rows` applies them, per kernel of `gemm_kernels`:
+    how far the engine's kernel (`matmul`) is from the fastest. Median of `reps` after a warm-up."""
+    weights = [
+        m.weight.detach()
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and "lora_" not in n
+    ]
+    w0 = weights[0]
+    products = [
+        gemm_kernels(torch.randn(rows, w.shape[1], device=w.device).to(w.dtype), w)
+        for w in weights
+    ]
+    out: dict[str, float] = {}
+    for name in products[0]:
+        fns = [k[name] for k in products]
+
+        def step(fns: list[Callable[[], torch.Tensor]] = fns) -> None:
+            for f in fns:
+                f()
+
+        step()
+        out[name] = statistics.median(timed(step, w0.device.type) for _ in range(reps))
+    return out
+
+
 def shape(model: torch.nn.Module) -> dict[str, float]:
     """Weights of the linear layers (LM head apart) and of the head, layers, hidden and KV size."""
     head = model.get_output_embeddings()

@@ -8,6 +8,8 @@
   less that of a call of one token, its prefill) over probe FLOP/s / FLOPs per token (2 x every
   linear weight incl. the LM head, plus attention over the context). Also in bf16.
   decode_sampling_flops_fraction_*: the same for the whole call, its prefill's FLOPs counted.
+  decode_linears_ms_<kernel>_*: a step's weight products alone at batch 32, per probe kernel (the
+  engine runs `matmul`).
 - train_flops_fraction: model FLOP/s of forward_backward (PPO, LoRA r16 on every projection) on the
   demo's shapes (8 data of a 60-100 token prompt and a 12-20 token answer, weights on the answer) over
   the probe. Model FLOPs: 4 x linear weights x tokens (forward, and the backward's activation
@@ -57,6 +59,7 @@ from probe import (
     attention_flops,
     demo_data,
     few_shot,
+    linear_seconds,
     matmul_flops,
     problems,
     prompts_of,
@@ -110,6 +113,7 @@ def bench_decode(
     step = (t["decode"] - t["prefill"]) / new_tokens  # seconds per decode step
     tps = batch / step
     peak = statistics.median(probe)
+    kernels = eng.compute.call(lambda: linear_seconds(b.hf, batch))
     # the whole call: the prompts' tokens through the trunk (the head on the last one only), then
     # the decode steps
     prefill_flops = batch * (
@@ -125,6 +129,9 @@ def bench_decode(
         "limit_tokens_per_s": peak / per_token,
         "roofline_fraction": tps * per_token / peak,
         "sampling_flops_fraction": call_flops / t["decode"] / peak,
+        **{
+            f"linears_ms_{k}": 1e3 * v for k, v in kernels.items()
+        },  # a step's products, per kernel
         # weights read per step over the step time: decode at this batch is compute-bound when this is
         # far below the memory bandwidth
         "weight_bytes_per_s": (s["linear"] + s["head"])

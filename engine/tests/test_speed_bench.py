@@ -30,6 +30,7 @@ def test_speed_bench_decode_and_short_answers_on_a_tiny_model(tmp_path: Path) ->
         "decode_sampling_flops_fraction_float32",
         "decode_step_ms_float32",
         "decode_prefill_s_float32",
+        "decode_linears_ms_matmul_float32",
         "engine_vs_generate_short",
         "engine_vs_generate_short_no_reuse",
         "engine_vs_generate_short_flops_bound",
