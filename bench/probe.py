@@ -92,15 +92,20 @@ def linear_seconds(
     ]
     out: dict[str, float] = {}
     for name in products[0]:
-        fns = [k[name] for k in products]
-
-        def step(fns: list[Callable[[], torch.Tensor]] = fns) -> None:
-            for f in fns:
-                f()
-
+        step = _in_turn([k[name] for k in products])
         step()
         out[name] = statistics.median(timed(step, w0.device.type) for _ in range(reps))
     return out
+
+
+def _in_turn(fns: list[Callable[[], torch.Tensor]]) -> Callable[[], None]:
+    """One callable that runs fns one after another."""
+
+    def run() -> None:
+        for f in fns:
+            f()
+
+    return run
 
 
 def shape(model: torch.nn.Module) -> dict[str, float]:

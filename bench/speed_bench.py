@@ -129,9 +129,8 @@ def bench_decode(
         "limit_tokens_per_s": peak / per_token,
         "roofline_fraction": tps * per_token / peak,
         "sampling_flops_fraction": call_flops / t["decode"] / peak,
-        **{
-            f"linears_ms_{k}": 1e3 * v for k, v in kernels.items()
-        },  # a step's products, per kernel
+        # a step's weight products alone, per kernel
+        **{f"linears_ms_{k}": 1e3 * v for k, v in kernels.items()},
         # weights read per step over the step time: decode at this batch is compute-bound when this is
         # far below the memory bandwidth
         "weight_bytes_per_s": (s["linear"] + s["head"])
