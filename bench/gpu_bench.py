@@ -39,7 +39,15 @@ from marft_engine.schemas import (
     SampleRequest,
     SamplingParams,
 )
-from probe import TARGETS, alternate, attention_flops, matmul_flops, shape, timed
+from probe import (
+    TARGETS,
+    alternate,
+    attention_flops,
+    decode_step_bytes,
+    matmul_flops,
+    shape,
+    timed,
+)
 
 
 def bandwidth(device: str, elements: int) -> float:
@@ -196,19 +204,9 @@ def main() -> None:
         res.update(bench_sampling(eng, "m", args.device, batch, new, reps))
         s = shape(b.hf)
         width = torch.finfo(dt).bits // 8
-        weight_bytes = (s["linear"] + s["head"]) * width
-        cfg = b.hf.config.get_text_config()
-        head_dim = (
-            getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        step_bytes = decode_step_bytes(
+            s, width, 4 if b.cache_dtype else width, batch, res["mean_context"]
         )
-        kv_per_token = (
-            2
-            * s["layers"]
-            * cfg.num_key_value_heads
-            * head_dim
-            * (4 if b.cache_dtype else width)
-        )
-        step_bytes = weight_bytes + batch * res["mean_context"] * kv_per_token
         per_token = 2 * (s["linear"] + s["head"]) + attention_flops(
             s, res["mean_context"]
         )

@@ -74,6 +74,16 @@ def matmul_flops(
     return best
 
 
+def read_bandwidth(device: str, mib: int = 1024, reps: int = 5) -> float:
+    """Bytes/s a pass can read from memory: the sum of an fp32 tensor several times larger than the
+    caches, the median of `reps` after a warm-up. The other limit of a decode step, which reads every
+    weight and its rows' keys and values once."""
+    x = torch.ones(mib * 2**20 // 4, device=device)
+    x.sum()
+    seconds = statistics.median(timed(x.sum, device) for _ in range(reps))
+    return x.numel() * 4 / seconds
+
+
 def linear_seconds(
     model: torch.nn.Module, rows: int, reps: int = 5
 ) -> dict[str, float]:
@@ -129,7 +139,20 @@ def shape(model: torch.nn.Module) -> dict[str, float]:
         "lora": float(lora),
         "layers": float(cfg.num_hidden_layers),
         "q_width": float(cfg.num_attention_heads * head_dim),
+        "kv_width": float(
+            (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+            * head_dim
+        ),
     }
+
+
+def decode_step_bytes(
+    s: dict[str, float], weight_width: int, cache_width: int, rows: int, context: float
+) -> float:
+    """Bytes a decode step of `rows` rows reads: every weight once (LoRA apart, `weight_width` bytes
+    each) and each row's keys and values over `context` positions in every layer (`cache_width`)."""
+    weights = (s["linear"] + s["head"]) * weight_width
+    return weights + rows * context * 2 * s["layers"] * s["kv_width"] * cache_width
 
 
 def attention_flops(s: dict[str, float], context: float) -> float:

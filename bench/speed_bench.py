@@ -7,6 +7,10 @@
 - decode_roofline_fraction: engine decode tokens/s at batch 32 (decode steps alone: a call's time
   less that of a call of one token, its prefill) over probe FLOP/s / FLOPs per token (2 x every
   linear weight incl. the LM head, plus attention over the context). Also in bf16.
+  decode_bandwidth_fraction_*: the same rate over the memory limit, batch x read bandwidth (a probe:
+  the sum of a 1 GiB tensor) / bytes a step reads (every weight, and each row's keys and values);
+  decode_roofline_min_fraction_*: over the lower of the two limits, the roofline proper.
+  decode_lora4_step_ms_*: a step with the rows spread over 4 LoRA adapters, as a rollout decodes.
   decode_sampling_flops_fraction_*: the same for the whole call, its prefill's FLOPs counted.
   decode_linears_ms_<kernel>_*: a step's weight products alone at batch 32, per probe kernel (the
   engine runs `matmul`).
@@ -57,12 +61,14 @@ from probe import (
     TARGETS,
     alternate,
     attention_flops,
+    decode_step_bytes,
     demo_data,
     few_shot,
     linear_seconds,
     matmul_flops,
     problems,
     prompts_of,
+    read_bandwidth,
     sampling_flops,
     shape,
 )
@@ -78,41 +84,70 @@ def bench_decode(
 ) -> dict[str, float]:
     """Decode alone: a call of new_tokens + 1 tokens less a call of 1 (the prefill and its token), so
     the prefill, which the per-token FLOPs below do not count, is not in the decode rate. The whole
-    call's rate, its prefill's FLOPs counted, is `sampling_flops_fraction`."""
+    call's rate, its prefill's FLOPs counted, is `sampling_flops_fraction`. The same rows spread over
+    4 LoRA adapters (r16 on every projection), as a 4-agent rollout decodes them, give `lora4_*`."""
     b = eng.bases[base]
     ps = prompts_of(b.tokenizer, "You are a helpful assistant.", problems(batch, 1))
+    agents = [f"d{k}" for k in range(4)]
+    for k, name in enumerate(agents):
+        eng.create_adapter(
+            AdapterCreate(
+                name=name,
+                base=base,
+                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
+                seed=k,
+            )
+        )
 
-    def call(n: int) -> Callable[[], object]:
+    def call(n: int, adapters: list[str]) -> Callable[[], object]:
         sp = SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True)
         reqs = [
             SampleRequest(
-                adapter="__base__", base=base, prompt_ids=p, sampling=sp, seed=i
+                adapter=adapters[i % len(adapters)],
+                base=base,
+                prompt_ids=p,
+                sampling=sp,
+                seed=i,
             )
             for i, p in enumerate(ps)
         ]
         return lambda: eng.sample(SampleBatch(requests=reqs))
 
-    call(2)()  # warm-up
+    call(2, ["__base__"])(), call(2, agents)()  # warm-up
     dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
     probe: list[float] = []
+    bandwidth: list[float] = []
+
+    def probes() -> None:
+        probe.append(eng.compute.call(lambda: matmul_flops(dt, device)))
+        bandwidth.append(eng.compute.call(lambda: read_bandwidth(device)))
+
     t = alternate(
         {
-            "prefill": call(1),
-            "decode": call(new_tokens + 1),
-            "probe": lambda: probe.append(
-                eng.compute.call(lambda: matmul_flops(dt, device))
-            ),
+            "prefill": call(1, ["__base__"]),
+            "decode": call(new_tokens + 1, ["__base__"]),
+            "lora4_prefill": call(1, agents),
+            "lora4_decode": call(new_tokens + 1, agents),
+            "probe": probes,
         },
         reps,
         device,
     )
+    for name in agents:
+        eng.delete_adapter(name)
     s = shape(b.hf)
     prompt = statistics.mean(len(p) for p in ps)
     ctx = prompt + new_tokens / 2
     per_token = 2 * (s["linear"] + s["head"]) + attention_flops(s, ctx)
     step = (t["decode"] - t["prefill"]) / new_tokens  # seconds per decode step
+    lora4_step = (t["lora4_decode"] - t["lora4_prefill"]) / new_tokens
     tps = batch / step
-    peak = statistics.median(probe)
+    peak, bw = statistics.median(probe), statistics.median(bandwidth)
+    width = 4 if dt == torch.float32 else 2
+    step_bytes = decode_step_bytes(
+        s, width, torch.finfo(b.cache_dtype or dt).bits // 8, batch, ctx
+    )
+    limit_compute, limit_bandwidth = peak / per_token, batch * bw / step_bytes
     kernels = eng.compute.call(lambda: linear_seconds(b.hf, batch))
     # the whole call: the prompts' tokens through the trunk (the head on the last one only), then
     # the decode steps
@@ -124,18 +159,21 @@ def bench_decode(
         "tokens_per_s": tps,
         "step_ms": 1e3 * step,
         "prefill_s": t["prefill"],
+        "lora4_step_ms": 1e3 * lora4_step,
+        "lora4_tokens_per_s": batch / lora4_step,
         "probe_flops": peak,
         "flops_per_token": per_token,
-        "limit_tokens_per_s": peak / per_token,
-        "roofline_fraction": tps * per_token / peak,
+        "limit_tokens_per_s": limit_compute,
+        "roofline_fraction": tps / limit_compute,
         "sampling_flops_fraction": call_flops / t["decode"] / peak,
         # a step's weight products alone, per kernel
         **{f"linears_ms_{k}": 1e3 * v for k, v in kernels.items()},
-        # weights read per step over the step time: decode at this batch is compute-bound when this is
-        # far below the memory bandwidth
-        "weight_bytes_per_s": (s["linear"] + s["head"])
-        * (4 if dt == torch.float32 else 2)
-        / step,
+        # the other limit: a step reads every weight and its rows' keys and values once
+        "probe_bandwidth": bw,
+        "step_bytes": step_bytes,
+        "bandwidth_limit_tokens_per_s": limit_bandwidth,
+        "bandwidth_fraction": tps / limit_bandwidth,
+        "roofline_min_fraction": tps / min(limit_compute, limit_bandwidth),
     }
 
 

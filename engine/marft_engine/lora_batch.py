@@ -21,6 +21,8 @@ from collections.abc import Iterator
 import torch
 from peft.tuners.lora import layer as lora_layer
 
+from . import precision
+
 _epoch = 0
 _all_changed = 0  # the epoch at which every adapter's weights last may have changed
 _changed: dict[str, int] = {}  # adapter name -> the epoch at which its weights last changed
@@ -48,12 +50,13 @@ def weights_epoch(adapter: str) -> int:
 
 def _stacks(
     module: lora_layer.Linear, names: tuple[str, ...], dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """(A [(n+1) r, d_in], B [d_out, (n+1) r], slot per adapter) in the dtype the matmuls run in."""
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int], torch.Tensor | None, torch.Tensor | None]:
+    """(A [(n+1) r, d_in], B [d_out, (n+1) r], slot per adapter, A and B prepacked or None) in the
+    dtype the matmuls run in; the packed pair where the base layer is packed too (precision.py)."""
     key = (names, _epoch, dtype)
     cached = getattr(module, "_marft_stacks", None)
     if cached is not None and cached[0] == key:
-        return cached[1], cached[2], cached[3]
+        return cached[1]
     present = [a for a in names if a in module.lora_A]
     base = module.get_base_layer()
     d_in, d_out = base.in_features, base.out_features
@@ -71,14 +74,37 @@ def _stacks(
     # Laid out once for the two matmuls below, in their dtype (under autocast they would cast per call).
     A2 = A.reshape(-1, d_in).to(dtype)  # [(n+1) r, d_in]
     B2 = B.permute(1, 0, 2).reshape(d_out, -1).to(dtype)  # [d_out, (n+1) r]
-    module._marft_stacks = (key, A2, B2, slot)
-    return A2, B2, slot
+    packed = hasattr(base, "_marft_packed")
+    stacks = (
+        A2,
+        B2,
+        slot,
+        precision.pack_weight(A2) if packed else None,
+        precision.pack_weight(B2) if packed else None,
+    )
+    module._marft_stacks = (key, stacks)
+    return stacks
+
+
+def _row_choice(
+    adapter_names: list[str], slot: dict[str, int], device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """[B, n+1] one-hot: row i's LoRA slot (0: none). The same for every layer with the same slots, so
+    in a `rows` call it is built once per call, not once per layer."""
+    key = (tuple(slot.items()), device, dtype)
+    if adapter_names is _rows and key in _row_choices:
+        return _row_choices[key]
+    idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=device)  # [B]
+    keep = torch.nn.functional.one_hot(idx, len(slot) + 1).to(dtype)  # [B, n+1]
+    if adapter_names is _rows:
+        _row_choices[key] = keep
+    return keep
 
 
 def _mixed_batch_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, adapter_names: list[str], **kwargs: object
 ) -> torch.Tensor:
-    names = tuple(sorted(set(adapter_names)))
+    names = _names(adapter_names)
     if (
         self.training
         or x.dim() != 3
@@ -92,24 +118,44 @@ def _mixed_batch_forward(
         return _original(self, x, *args, adapter_names=adapter_names, **kwargs)
     for k in lora_layer.VARIANT_KWARG_KEYS:  # PEFT's per-variant arguments, not for the base layer
         kwargs.pop(k, None)
-    result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.float32
-    A, B, slot = _stacks(self, names, dtype)
+    x = x.to(dtype)  # once for both products (the base layer's autocast would cast it the same way)
+    result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
+    A, B, slot, A_packed, B_packed = _stacks(self, names, dtype)
     n1 = len(slot) + 1
     r = A.shape[0] // n1
-    idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=x.device)  # [B]
+    keep = _row_choice(adapter_names, slot, x.device, dtype)  # [B, n+1]
     # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
     # block, then one matmul with all Bs side by side: no per-row copy of the weights.
-    xa = torch.nn.functional.linear(x.to(dtype), A)  # [B, T, (n+1) r]
-    keep = torch.nn.functional.one_hot(idx, n1).to(xa.dtype)  # [B, n+1]
+    if A_packed is not None and B_packed is not None:
+        xa = precision.packed_linear(x, A_packed, None)  # [B, T, (n+1) r]
+    else:
+        xa = torch.nn.functional.linear(x, A)
     xa = (xa.view(*xa.shape[:2], n1, r) * keep[:, None, :, None]).view(xa.shape)  # [B, T, (n+1) r]
-    out = torch.nn.functional.linear(xa, B)  # [B, T, d_out]
+    if A_packed is not None and B_packed is not None:
+        out = precision.packed_linear(xa, B_packed, None)  # [B, T, d_out]
+    else:
+        out = torch.nn.functional.linear(xa, B)
     return result + out.to(result.dtype)
 
 
-# Rows of the decode call in progress (see `rows`): the adapter name of each row.
+def _names(adapter_names: list[str]) -> tuple[str, ...]:
+    """The distinct adapters of a call's rows, sorted (once per `rows` call)."""
+    global _row_names
+    if adapter_names is _rows and _row_names is not None:
+        return _row_names
+    names = tuple(sorted(set(adapter_names)))
+    if adapter_names is _rows:
+        _row_names = names
+    return names
+
+
+# Rows of the decode call in progress (see `rows`): the adapter name of each row; and what every
+# layer of that call derives from them alike (`_names`, `_row_choice`), kept for the call.
 _rows: list[str] | None = None
+_row_names: tuple[str, ...] | None = None
+_row_choices: dict[tuple[object, ...], torch.Tensor] = {}
 _original_forward = lora_layer.Linear.forward
 
 
@@ -120,15 +166,17 @@ def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
     (a noticeable share of a CPU decode step). Yields False, and does nothing, where the model
     has LoRA layers of another kind (which would ignore the rows): then call PEFT with
     `adapter_names`."""
-    global _rows, _row_runs
+    global _rows, _row_runs, _row_names
     if not _only_linear_lora(model):
         yield False
         return
-    _rows, _row_runs = adapter_names, None
+    _rows, _row_runs, _row_names = adapter_names, None, None
+    _row_choices.clear()
     try:
         yield True
     finally:
-        _rows, _row_runs = None, None
+        _rows, _row_runs, _row_names = None, None, None
+        _row_choices.clear()
 
 
 def rows_supported(model: torch.nn.Module) -> bool:

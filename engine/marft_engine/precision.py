@@ -3,13 +3,17 @@
 A base computes in fp32 or bf16 (`compute_dtype`). On a GPU a bf16 base is stored in bf16. On a CPU
 it keeps fp32 embeddings and norms (so the residual stream is fp32, as under autocast) and bf16
 linear weights (`bf16_linear_weights`), every pass runs under bf16 autocast (`autocast`), and the
-sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). LoRA
-weights, value heads and optimizer state are fp32 everywhere (see registry.py).
+sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). Where the
+CPU has native bf16, passes without gradients (sampling, forward) multiply by prepacked copies of
+those weights (`pack_linear_weights`). LoRA weights, value heads and optimizer state are fp32
+everywhere (see registry.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +68,7 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
         install_decode_attention(model)
     if device.type == "cpu" and dtype == torch.bfloat16:
         bf16_linear_weights(model)
+        pack_linear_weights(model)
         return torch.float32
     return None
 
@@ -82,6 +87,66 @@ def bf16_linear_weights(model: PreTrainedModel) -> None:
             m.weight.data = m.weight.data.to(torch.bfloat16)
             if m.bias is not None:
                 m.bias.data = m.bias.data.to(torch.bfloat16)
+
+
+# The row count oneDNN is told to expect when it packs a weight: a decode batch's. Every row count
+# runs on the packed weight; this one only picks its layout (one packed for 32 rows ran as fast as one
+# packed for the row count at hand from 1 to 1,024 rows, docs/MEASUREMENTS.md).
+PACK_ROWS = 32
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU has native bf16 matmul instructions and PyTorch has oneDNN to run them."""
+    return bool(set(NATIVE_BF16_FLAGS) & cpu_flags()) and torch.backends.mkldnn.is_available()
+
+
+def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A bf16 CPU weight [d_out, d_in] prepacked for oneDNN (`packed_linear`), or None where this
+    CPU has no native bf16 or the packed product is not bit-identical to the plain one. Why: oneDNN
+    re-lays a plain bf16 weight out (for AMX tiles or AVX512_BF16 pairs) on every product, a copy of
+    the weight each time; the packed product is the same kernel without that copy (docs/
+    MEASUREMENTS.md: 1.2-2.3x faster from 1 to 640 rows)."""
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not native_bf16():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+        x = torch.randn(3, w.shape[1]).to(torch.bfloat16)
+        same = torch.equal(packed_linear(x, packed, bias), F.linear(x, w, bias))
+    except RuntimeError:  # a oneDNN build without a bf16 kernel for this CPU
+        return None
+    return packed if same else None
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., d_in] (cast to bf16) times a `pack_weight` weight -> [..., d_out] bf16."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "")
+
+
+def pack_linear_weights(model: PreTrainedModel) -> int:
+    """Give every bf16 linear layer of a frozen CPU model a prepacked copy of its weight
+    (`pack_weight`), which passes without gradients multiply by (`_packed_forward`): sampling and
+    forward. Training passes keep the plain weight, which their backward needs, so the packed copies
+    cost the memory of the linear weights once more. Returns how many layers were packed."""
+    n = 0
+    for m in model.modules():
+        if type(m) is torch.nn.Linear and (w := pack_weight(m.weight, m.bias)) is not None:
+            m._marft_packed = w  # type: ignore[assignment]  # not a parameter or buffer: never saved
+            m.forward = types.MethodType(_packed_forward, m)  # type: ignore[method-assign]
+            n += 1
+    return n
+
+
+def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A packed layer's forward: the packed product where no gradient is wanted and the product
+    runs in bf16 (a bf16 input, or CPU autocast to bf16, which would cast the input), else the plain
+    one. x [..., d_in] -> [..., d_out]."""
+    bf16 = x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    )
+    if bf16 and not torch.is_grad_enabled():
+        return packed_linear(x, self._marft_packed, self.bias)
+    return F.linear(x, self.weight, self.bias)
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[object]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import add_policy, ppo_data, seqs
 
 from marft_engine import precision
@@ -113,3 +114,76 @@ def test_cpu_attention_override_is_sdpa_on_each_query_heads_keys() -> None:
     got, _ = precision.attention_in_cache_dtype(torch.nn.Module(), q, k, v, mask, scaling=0.3)
     assert got.shape == (B, 1, H, D)
     assert torch.allclose(got, want.transpose(1, 2), atol=1e-5)
+
+
+def _bf16_run(packing: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[object]]:
+    """A bf16 tiny base with two policies, packed or not: (packed layers, every figure a test compares:
+    a mixed-adapter sample's tokens and log-probs, forward log-probs, a PPO loss and its gradients)."""
+    if not packing:
+        monkeypatch.setattr(precision, "pack_weight", lambda w, bias=None: None)
+    eng = Engine(device="cpu")
+    try:
+        eng.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
+        add_policy(eng, "p", seed=3)
+        add_policy(eng, "q", seed=4)
+        packed = sum(hasattr(m, "_marft_packed") for m in eng.bases["b"].hf.modules())
+        adapters = ["p", "q", "__base__", "q", "p"]
+        reqs = [
+            SampleRequest(
+                adapter=a,
+                base="b",
+                prompt_ids=s,
+                seed=i,
+                sampling=SamplingParams(temperature=1.0, max_new_tokens=8, n=2),
+            )
+            for i, (a, s) in enumerate(zip(adapters, seqs(5, 78), strict=True))
+        ]
+        out = eng.sample(SampleBatch(requests=reqs))
+        figures: list[object] = [[(c.response_ids, c.logprobs) for r in out.results for c in r.completions]]
+        data = [Datum(tokens=r.prompt_ids + r.completions[0].response_ids) for r in out.results]
+        figures.append([r.logprobs for r in eng.forward(ForwardRequest(adapter="q", data=data)).results])
+        fb = eng.forward_backward(
+            ForwardBackwardRequest(adapter="p", loss="ppo", data=ppo_data(eng, "p", 5, n=3))
+        )
+        figures.append(fb.loss)
+        figures.append([p.grad.clone() for p in eng.adapters["p"].params if p.grad is not None])
+        return packed, figures
+    finally:
+        eng.close()
+
+
+@pytest.mark.skipif(not precision.native_bf16(), reason="packing needs a CPU with native bf16")
+def test_packed_weights_change_no_bit_of_sampling_forward_or_training(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bf16 CPU base multiplies by prepacked weights in passes without gradients (sampling with
+    mixed adapters, forward) and by the plain ones in training: every result is bit-identical to an
+    engine that packs nothing."""
+    packed, fig = _bf16_run(True, monkeypatch)
+    unpacked, ref = _bf16_run(False, monkeypatch)
+    assert packed == 2 * 7 + 1 and unpacked == 0  # every linear layer of the 2-layer tiny Llama, and its head
+    assert fig[:3] == ref[:3]
+    grads, ref_grads = fig[3], ref[3]
+    assert isinstance(grads, list) and isinstance(ref_grads, list) and len(grads) == len(ref_grads) > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
+
+
+def test_pack_weight_only_where_the_packed_product_is_the_plain_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pack_weight: bf16 CPU weights only, on a CPU with native bf16; the packed product equals
+    F.linear bit for bit at any row count, for 3-D and strided inputs."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 40, generator=g).to(torch.bfloat16)
+    assert precision.pack_weight(w.float()) is None  # fp32 weights keep the plain product
+    if precision.native_bf16():
+        packed = precision.pack_weight(w)
+        assert packed is not None
+        for x in [
+            torch.randn(1, 40, generator=g),
+            torch.randn(33, 40, generator=g),
+            torch.randn(2, 7, 40, generator=g),
+            torch.randn(5, 3, 40, generator=g)[:, -1],  # a strided [5, 40] view, as Base.last_logits takes
+        ]:
+            xb = x.to(torch.bfloat16)
+            assert torch.equal(precision.packed_linear(x, packed, None), F.linear(xb, w))
+    monkeypatch.setattr(precision, "native_bf16", lambda: False)
+    assert precision.pack_weight(w) is None

@@ -31,11 +31,22 @@ def test_speed_bench_decode_and_short_answers_on_a_tiny_model(tmp_path: Path) ->
         "decode_step_ms_float32",
         "decode_prefill_s_float32",
         "decode_linears_ms_matmul_float32",
+        "decode_lora4_step_ms_float32",
+        "decode_probe_bandwidth_float32",
+        "decode_bandwidth_fraction_float32",
+        "decode_roofline_min_fraction_float32",
         "engine_vs_generate_short",
         "engine_vs_generate_short_no_reuse",
         "engine_vs_generate_short_flops_bound",
     ]:
         assert isinstance(res[key], float) and math.isfinite(res[key]) and res[key] > 0, key
+    # the roofline proper is the lower of the two limits, so its fraction is the higher one
+    assert res["decode_roofline_min_fraction_float32"] == max(
+        res["decode_roofline_fraction_float32"], res["decode_bandwidth_fraction_float32"]
+    )
+    # at batch 32 the memory limit is 32 steps' rows per the time to read a step's bytes
+    want = 32 * res["decode_probe_bandwidth_float32"] / res["decode_step_bytes_float32"]
+    assert math.isclose(res["decode_bandwidth_limit_tokens_per_s_float32"], want, rel_tol=1e-9)
     # generate pads every prompt to the longest and runs every row to the longest answer
     assert res["engine_vs_generate_short_flops_bound"] > 1
     assert "train_flops_fraction" not in res  # --only left the training section out
