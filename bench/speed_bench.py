@@ -26,7 +26,8 @@
 - engine_vs_generate_short: batch 64 of the demo's shape (a system prompt and a one-line problem;
   answers of 12-20 tokens, each row its own length): engine tokens/s (prefix cache on, and off) over
   plain `generate` on the same rows, which runs the batch to its longest answer (20); both count the
-  12-20 wanted tokens of each row.
+  12-20 wanted tokens of each row. In fp32 (the figures without a suffix) and in bf16 (`_bfloat16`:
+  generate on a copy of the model wholly in bf16).
 
 Every comparison alternates its sides `reps` times and takes each side's median: the machine is
 shared, and alternating exposes both sides to the same load.
@@ -88,16 +89,6 @@ def bench_decode(
     4 LoRA adapters (r16 on every projection), as a 4-agent rollout decodes them, give `lora4_*`."""
     b = eng.bases[base]
     ps = prompts_of(b.tokenizer, "You are a helpful assistant.", problems(batch, 1))
-    agents = [f"d{k}" for k in range(4)]
-    for k, name in enumerate(agents):
-        eng.create_adapter(
-            AdapterCreate(
-                name=name,
-                base=base,
-                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
-                seed=k,
-            )
-        )
 
     def call(n: int, adapters: list[str]) -> Callable[[], object]:
         sp = SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True)
@@ -113,7 +104,7 @@ def bench_decode(
         ]
         return lambda: eng.sample(SampleBatch(requests=reqs))
 
-    call(2, ["__base__"])(), call(2, agents)()  # warm-up
+    call(2, ["__base__"])()  # warm-up
     dt = torch.float32 if b.dtype == torch.float32 else torch.bfloat16
     probe: list[float] = []
     bandwidth: list[float] = []
@@ -122,13 +113,31 @@ def bench_decode(
         probe.append(eng.compute.call(lambda: matmul_flops(dt, device)))
         bandwidth.append(eng.compute.call(lambda: read_bandwidth(device)))
 
+    # the bare base first, before it has any adapter (as the figures before 2026-12-05 were taken)
     t = alternate(
         {
             "prefill": call(1, ["__base__"]),
             "decode": call(new_tokens + 1, ["__base__"]),
+            "probe": probes,
+        },
+        reps,
+        device,
+    )
+    agents = [f"d{k}" for k in range(4)]
+    for k, name in enumerate(agents):
+        eng.create_adapter(
+            AdapterCreate(
+                name=name,
+                base=base,
+                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
+                seed=k,
+            )
+        )
+    call(2, agents)()  # warm-up
+    t |= alternate(
+        {
             "lora4_prefill": call(1, agents),
             "lora4_decode": call(new_tokens + 1, agents),
-            "probe": probes,
         },
         reps,
         device,
@@ -347,9 +356,11 @@ def bench_short_answers(
     for i, p in enumerate(ps):
         ids[i, L - len(p) :], mask[i, L - len(p) :] = torch.tensor(p), 1
     ids, mask = ids.to(b.device), mask.to(b.device)
-    # plain transformers on its own copy of the model (no LoRA layers injected), on the compute thread
+    # plain transformers on its own copy of the model (no LoRA layers injected), on the compute
+    # thread; for a bf16 base the whole copy in bf16, generate's fastest setting (bf16 cache and
+    # attention too, where the engine keeps them fp32 on a CPU)
     model = eng.compute.call(
-        lambda: load_source(b.source, b.seed)[0].to(b.device).eval()
+        lambda: load_source(b.source, b.seed)[0].to(b.device, b.dtype).eval()
     )
 
     def generate() -> None:
@@ -469,8 +480,10 @@ def run_all(
                         )
                     )
                 )
-            if dtype == "float32" and "short" in parts:
-                res.update(report(bench_short_answers(eng, "s", device, reps)))
+            if "short" in parts:
+                short = bench_short_answers(eng, "s", device, reps)
+                suffix = "" if dtype == "float32" else f"_{dtype}"
+                res.update(report({f"{k}{suffix}": v for k, v in short.items()}))
         finally:
             eng.close()
     # headlines: fp32 (the engine's CPU default) against the fp32 probe

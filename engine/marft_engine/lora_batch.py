@@ -123,6 +123,8 @@ def _mixed_batch_forward(
     x = x.to(dtype)  # once for both products (the base layer's autocast would cast it the same way)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     A, B, slot, A_packed, B_packed = _stacks(self, names, dtype)
+    if not slot:  # no row has a LoRA on this layer (__base__ rows, or adapters on other layers)
+        return result
     n1 = len(slot) + 1
     r = A.shape[0] // n1
     keep = _row_choice(adapter_names, slot, x.device, dtype)  # [B, n+1]

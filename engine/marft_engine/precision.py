@@ -170,6 +170,42 @@ def install_decode_attention(model: PreTrainedModel) -> None:
         model.set_attn_implementation(DECODE_ATTENTION)
 
 
+# A bf16 training pass on a CPU computes attention as explicit fp32 products (`explicit_attention`)
+# when its score matrix (B x H x T x L) has at most this many elements. Why: SDPA's flash kernel has a
+# slow bf16 backward on a CPU at short lengths (27 ms a layer for 8 rows of 90 tokens, a third of
+# the whole pass, docs/MEASUREMENTS.md); explicit products keep the score matrix for the backward
+# (4 bytes an element, every layer), so longer passes keep the flash kernel.
+EXPLICIT_ATTENTION_SCORES = 2**22
+
+
+def explicit_attention(
+    query: torch.Tensor,  # [B, H, T, D]
+    key: torch.Tensor,  # [B, H_kv, L, D]
+    value: torch.Tensor,  # [B, H_kv, L, D]
+    attention_mask: torch.Tensor | None,  # [B, 1, T, L] bool, True = attend; None = causal
+    scaling: float | None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v in fp32, with each key/value head shared by its group of
+    query heads (no copy per head). Returns [B, H, T, D] fp32."""
+    B, H, T, D = query.shape
+    Hk, L = key.shape[1], key.shape[2]
+    g = H // Hk  # query heads per key/value head
+    with torch.autocast(query.device.type, enabled=False):
+        q = query.float().reshape(B, Hk, g * T, D)  # heads h*g .. h*g+g-1 read key/value head h
+        scores = (q @ key.float().transpose(-1, -2)) * (
+            D**-0.5 if scaling is None else scaling
+        )  # [B, Hk, gT, L]
+        if attention_mask is None:
+            keep = torch.ones(T, L, dtype=torch.bool, device=query.device).tril(L - T)  # [T, L]
+        else:
+            keep = attention_mask  # [B, 1, T, L]
+        keep = keep.unsqueeze(-3).expand(*keep.shape[:-2], g, T, L).reshape(*keep.shape[:-2], g * T, L)
+        # finite, not -inf: a row with no key to attend (a padding query) must not turn into NaN
+        scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
+        out = scores.softmax(-1) @ value.float()  # [B, Hk, gT, D]
+    return out.reshape(B, H, T, D)
+
+
 def attention_in_cache_dtype(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, H, T, D]
@@ -184,8 +220,21 @@ def attention_in_cache_dtype(
     (autocast would otherwise run it in bf16), bf16 in prefill and training passes as autocast does
     (there rotary embeddings may have promoted queries and keys to fp32, values are bf16). With a
     mask (always, in the sampler) grouped-query heads are shared by SDPA instead of copied per step,
-    as Hugging Face's sdpa path does for masked attention. Returns ([B, T, H, D], None)."""
+    as Hugging Face's sdpa path does for masked attention. A bf16 training pass on a CPU whose
+    scores are few takes `explicit_attention` instead (EXPLICIT_ATTENTION_SCORES). Returns
+    ([B, T, H, D], None)."""
     dt = value.dtype
+    B, H, T, _ = query.shape
+    if (
+        dt == torch.bfloat16
+        and query.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and dropout == 0.0
+        and (attention_mask is None or attention_mask.dtype == torch.bool)
+        and B * H * T * key.shape[2] <= EXPLICIT_ATTENTION_SCORES
+    ):
+        out = explicit_attention(query, key, value, attention_mask, scaling)  # [B, H, T, D] fp32
+        return out.transpose(1, 2).contiguous().to(query.dtype), None
     with torch.autocast(query.device.type, enabled=False):
         if attention_mask is None:  # the causal cases: Hugging Face's own handling
             out, _ = sdpa_attention_forward(

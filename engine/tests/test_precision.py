@@ -187,3 +187,30 @@ def test_pack_weight_only_where_the_packed_product_is_the_plain_one(monkeypatch:
             assert torch.equal(precision.packed_linear(x, packed, None), F.linear(xb, w))
     monkeypatch.setattr(precision, "native_bf16", lambda: False)
     assert precision.pack_weight(w) is None
+
+
+def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:
+    """explicit_attention (bf16 training passes on a CPU) against SDPA on per-head copies of the keys
+    and values, in float64: causal without a mask (also with cached columns before the queries), and
+    a padding mask; every query head group reads its own key/value head."""
+    g = torch.Generator().manual_seed(0)
+    B, H, Hk, D = 2, 6, 2, 8
+    for T, L, padded in [(5, 5, False), (3, 7, False), (6, 6, True)]:
+        q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True)
+        k = torch.randn(B, Hk, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+        v = torch.randn(B, Hk, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+        keep = torch.ones(T, L, dtype=torch.bool).tril(L - T).expand(B, 1, T, L).clone()
+        if padded:
+            keep[1, :, :, 4:] = False  # row 1: its last two positions are padding (right-padded)
+        mask = keep if padded else None
+        got = precision.explicit_attention(q, k, v, mask, None)
+        want = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(H // Hk, 1), v.repeat_interleave(H // Hk, 1), attn_mask=keep
+        )
+        assert got.dtype == torch.float32 and got.shape == (B, H, T, D)
+        assert torch.allclose(got.double(), want, atol=1e-5), (T, L, padded)
+        w = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+        grads = torch.autograd.grad((got.double() * w).sum(), [q, k, v])
+        want_grads = torch.autograd.grad((want * w).sum(), [q, k, v])
+        for a, b in zip(grads, want_grads, strict=True):
+            assert torch.allclose(a, b, atol=1e-4), (T, L, padded)
