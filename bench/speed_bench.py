@@ -80,6 +80,21 @@ SMOL = "pkg:smollm2-135m-instruct"
 # ----------------------------------------------------------------------------------------------------
 
 
+def add_adapters(eng: Engine, base: str, prefix: str, n: int) -> list[str]:
+    """n policies with LoRA r16 on every projection, as the demo's agents have: their names."""
+    names = [f"{prefix}{k}" for k in range(n)]
+    for k, name in enumerate(names):
+        eng.create_adapter(
+            AdapterCreate(
+                name=name,
+                base=base,
+                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
+                seed=k,
+            )
+        )
+    return names
+
+
 def bench_decode(
     eng: Engine, base: str, device: str, batch: int, new_tokens: int, reps: int
 ) -> dict[str, float]:
@@ -123,16 +138,7 @@ def bench_decode(
         reps,
         device,
     )
-    agents = [f"d{k}" for k in range(4)]
-    for k, name in enumerate(agents):
-        eng.create_adapter(
-            AdapterCreate(
-                name=name,
-                base=base,
-                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
-                seed=k,
-            )
-        )
+    agents = add_adapters(eng, base, "d", 4)
     call(2, agents)()  # warm-up
     t |= alternate(
         {
@@ -189,16 +195,7 @@ def bench_decode(
 def bench_train(
     eng: Engine, base: str, device: str, reps: int, n_data: int = 8
 ) -> dict[str, float]:
-    names = [f"t{k}" for k in range(4)]
-    for k, name in enumerate(names):
-        eng.create_adapter(
-            AdapterCreate(
-                name=name,
-                base=base,
-                lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
-                seed=k,
-            )
-        )
+    names = add_adapters(eng, base, "t", 4)
     b = eng.bases[base]
     calls = [
         ForwardBackwardRequest(
