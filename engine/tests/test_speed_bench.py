@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from marft_engine import precision
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -77,3 +81,19 @@ def test_every_probe_kernel_computes_the_product() -> None:
             got = fn()
             assert got.shape == (32, 192), name
             assert torch.allclose(got.double(), want, rtol=tol, atol=tol * 24), (name, dtype)
+
+
+@pytest.mark.skipif(not precision.native_bf16(), reason="packing needs a CPU with native bf16")
+def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/packing_ab.py: both engines sample the same tokens (it asserts so) and every figure is
+    a positive time or ratio."""
+    out = tmp_path / "ab.json"
+    cmd = [sys.executable, "packing_ab.py", "--source", "tiny:llama", "--reps", "1", "--out", str(out)]
+    r = subprocess.run(
+        cmd, cwd=BENCH, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for label in ("base", "lora4"):
+        for key in ("packed_step_ms", "plain_step_ms", "packing_speedup"):
+            assert math.isfinite(res[f"{label}_{key}"]) and res[f"{label}_{key}"] > 0, (label, key)
