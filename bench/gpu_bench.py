@@ -44,6 +44,7 @@ from probe import (
     alternate,
     attention_flops,
     decode_step_bytes,
+    left_padded,
     matmul_flops,
     shape,
     timed,
@@ -76,12 +77,7 @@ def bench_sampling(
         SampleRequest(adapter="__base__", base=base, prompt_ids=p, sampling=sp, seed=i)
         for i, p in enumerate(prompts)
     ]
-    L = max(len(p) for p in prompts)
-    ids = torch.full((batch, L), b.pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :], mask[i, L - len(p) :] = torch.tensor(p), 1
-    ids, mask = ids.to(b.device), mask.to(b.device)
+    ids, mask = left_padded(prompts, b.pad_id, b.device)
     model = eng.compute.call(
         lambda: (
             load_source(b.source, b.seed)[0].to(device=b.device, dtype=b.dtype).eval()

@@ -180,6 +180,18 @@ def sampling_flops(
     )
 
 
+def left_padded(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch for `generate`: ids [B, L] and attention mask [B, L], each prompt right-aligned."""
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = torch.tensor(p), 1
+    return ids.to(device), mask.to(device)
+
+
 def prompts_of(tok: Any, system: str, users: list[str]) -> list[list[int]]:
     out = []
     for u in users:

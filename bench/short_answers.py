@@ -13,7 +13,7 @@ from marft_engine.engine import Engine
 from marft_engine.models import load_source
 from marft_engine.prefix_cache import shared_in_batch
 from marft_engine.schemas import SampleBatch, SampleRequest, SamplingParams
-from probe import alternate, problems, prompts_of, sampling_flops, shape
+from probe import alternate, left_padded, problems, prompts_of, sampling_flops, shape
 
 
 def bench_short_answers(
@@ -34,12 +34,8 @@ def bench_short_answers(
         )
         for i, (p, n) in enumerate(zip(ps, lengths, strict=True))
     ]
-    L = max(len(p) for p in ps)
-    ids = torch.full((batch, L), b.pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, L), dtype=torch.long)
-    for i, p in enumerate(ps):
-        ids[i, L - len(p) :], mask[i, L - len(p) :] = torch.tensor(p), 1
-    ids, mask = ids.to(b.device), mask.to(b.device)
+    ids, mask = left_padded(ps, b.pad_id, b.device)
+    L = ids.shape[1]
     # plain transformers on its own copy of the model (no LoRA layers injected), on the compute
     # thread; for a bf16 base the whole copy in bf16, generate's fastest setting (bf16 cache and
     # attention too, where the engine keeps them fp32 on a CPU)
