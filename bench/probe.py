@@ -77,7 +77,7 @@ def matmul_flops(
 def read_bandwidth(device: str, mib: int = 1024, reps: int = 5) -> float:
     """Bytes/s a pass can read from memory: the sum of an fp32 tensor several times larger than the
     caches, the median of `reps` after a warm-up. The other limit of a decode step, which reads every
-    weight and its rows' keys and values once."""
+    weight and its rows' keys and values once. (gpu_bench.py's `bandwidth` times a device copy.)"""
     x = torch.ones(mib * 2**20 // 4, device=device)
     x.sum()
     seconds = statistics.median(timed(x.sum, device) for _ in range(reps))

@@ -104,7 +104,9 @@ def _row_choice(
 def _mixed_batch_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, adapter_names: list[str], **kwargs: object
 ) -> torch.Tensor:
-    names = _names(adapter_names)
+    names = (
+        _row_names if adapter_names is _rows and _row_names is not None else tuple(sorted(set(adapter_names)))
+    )
     if (
         self.training
         or x.dim() != 3
@@ -130,31 +132,14 @@ def _mixed_batch_forward(
     keep = _row_choice(adapter_names, slot, x.device, dtype)  # [B, n+1]
     # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
     # block, then one matmul with all Bs side by side: no per-row copy of the weights.
-    if A_packed is not None and B_packed is not None:
-        xa = precision.packed_linear(x, A_packed, None)  # [B, T, (n+1) r]
-    else:
-        xa = torch.nn.functional.linear(x, A)
+    xa = precision.linear(x, A, A_packed)  # [B, T, (n+1) r]
     xa = (xa.view(*xa.shape[:2], n1, r) * keep[:, None, :, None]).view(xa.shape)  # [B, T, (n+1) r]
-    if A_packed is not None and B_packed is not None:
-        out = precision.packed_linear(xa, B_packed, None)  # [B, T, d_out]
-    else:
-        out = torch.nn.functional.linear(xa, B)
+    out = precision.linear(xa, B, B_packed)  # [B, T, d_out]
     return result + out.to(result.dtype)
 
 
-def _names(adapter_names: list[str]) -> tuple[str, ...]:
-    """The distinct adapters of a call's rows, sorted (once per `rows` call)."""
-    global _row_names
-    if adapter_names is _rows and _row_names is not None:
-        return _row_names
-    names = tuple(sorted(set(adapter_names)))
-    if adapter_names is _rows:
-        _row_names = names
-    return names
-
-
 # Rows of the decode call in progress (see `rows`): the adapter name of each row; and what every
-# layer of that call derives from them alike (`_names`, `_row_choice`), kept for the call.
+# layer of that call derives from them alike (their distinct adapters, `_row_choice`), kept for it.
 _rows: list[str] | None = None
 _row_names: tuple[str, ...] | None = None
 _row_choices: dict[tuple[object, ...], torch.Tensor] = {}
@@ -172,7 +157,7 @@ def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
     if not _only_linear_lora(model):
         yield False
         return
-    _rows, _row_runs, _row_names = adapter_names, None, None
+    _rows, _row_runs, _row_names = adapter_names, None, tuple(sorted(set(adapter_names)))
     _row_choices.clear()
     try:
         yield True

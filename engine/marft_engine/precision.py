@@ -123,6 +123,11 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "")
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """x times w.T: by `packed` (w as `pack_weight` gave it) where there is one, else plain."""
+    return F.linear(x, w) if packed is None else packed_linear(x, packed, None)
+
+
 def pack_linear_weights(model: PreTrainedModel) -> int:
     """Give every bf16 linear layer of a frozen CPU model a prepacked copy of its weight
     (`pack_weight`), which passes without gradients multiply by (`_packed_forward`): sampling and
