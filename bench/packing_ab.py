@@ -1,10 +1,14 @@
-"""Prepacked bf16 weights against plain ones, in one process: two engines on the same bf16 base, one
+"""Prepacked weights against plain ones, in one process: per dtype, two engines on the same base, one
 as shipped and one that packs nothing (`precision.pack_weight` returning None, as the test does),
 their decode steps alternated (a call of 17 tokens less a call of 1), bare base and rows over 4
-adapters. Alternating within one process keeps both sides under the same load: on a shared machine
-the speed drifts more between processes than the effect. Only where the CPU has native bf16.
+adapters, at each batch size. Alternating within one process keeps both sides under the same load:
+on a shared machine the speed drifts more between processes than the effect. bf16 only where the
+CPU has native bf16; there the two sides must sample the same tokens (the packed product is the
+plain one's kernel). In fp32 the packed product is oneDNN's and the plain one MKL's, so a rare token
+may differ by rounding: `tokens_same` is the share of sampled tokens that agree.
 
-    .venv/bin/python bench/packing_ab.py [--reps 7] [--source pkg:smollm2-135m-instruct] [--out F.json]
+    .venv/bin/python bench/packing_ab.py [--reps 7] [--dtypes float32,bfloat16] [--batches 32,8]
+        [--source pkg:smollm2-135m-instruct] [--out F.json]
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ from probe import problems, prompts_of
 from speed_bench import SMOL, add_adapters
 
 
-def engine(packing: bool, source: str) -> Engine:
+def engine(packing: bool, source: str, dtype: str) -> Engine:
     pack = precision.pack_weight
     if not packing:
         precision.pack_weight = lambda w, bias=None: None  # type: ignore[assignment]
     try:
         eng = Engine(device="cpu", max_batch=64)
-        eng.create_base(BaseCreate(name="s", source=source, dtype="bfloat16"))
+        eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))
         add_adapters(eng, "s", "d", 4)
         eng.sample(
             SampleBatch(
@@ -70,53 +74,79 @@ def step_ms(
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--source", default=SMOL)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    if not precision.native_bf16():
-        raise SystemExit(
-            "packing_ab: this CPU has no native bf16, so nothing is packed"
-        )
-    torch.set_num_threads(1)
-    packed, plain = engine(True, args.source), engine(False, args.source)
+def same_share(a: list[list[int]], b: list[list[int]]) -> float:
+    """The share of positions whose sampled tokens agree (rows of equal lengths: ignore_eos)."""
+    pairs = [
+        (x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)
+    ]
+    return sum(x == y for x, y in pairs) / len(pairs)
+
+
+def compare(dtype: str, batch: int, source: str, reps: int) -> dict[str, float]:
+    """The figures of one dtype at one batch size, keys `{base,lora4}_{figure}`."""
+    packed, plain = engine(True, source, dtype), engine(False, source, dtype)
     ps = prompts_of(
-        packed.bases["s"].tokenizer, "You are a helpful assistant.", problems(32, 1)
+        packed.bases["s"].tokenizer, "You are a helpful assistant.", problems(batch, 1)
     )
-    res: dict[str, object] = {}
+    res: dict[str, float] = {}
     for label, agents in [
         ("base", ["__base__"]),
         ("lora4", [f"d{k}" for k in range(4)]),
     ]:
         on: list[float] = []
         off: list[float] = []
-        for _ in range(args.reps + 1):  # the first round warms up
+        same: list[float] = []
+        for _ in range(reps + 1):  # the first round warms up
             a, tokens_a = step_ms(packed, agents, ps)
             b, tokens_b = step_ms(plain, agents, ps)
-            assert tokens_a == tokens_b, (
-                "packed and plain products sampled different tokens"
-            )
+            if dtype == "bfloat16":
+                assert tokens_a == tokens_b, (
+                    "packed and plain bf16 products sampled different tokens"
+                )
             on.append(a)
             off.append(b)
+            same.append(same_share(tokens_a, tokens_b))
         on, off = on[1:], off[1:]
         res[f"{label}_packed_step_ms"] = statistics.median(on)
         res[f"{label}_plain_step_ms"] = statistics.median(off)
         res[f"{label}_packing_speedup"] = statistics.median(
             b / a for a, b in zip(on, off, strict=True)
         )
+        res[f"{label}_tokens_same"] = min(same)
         print(
-            label,
-            f"packed {[round(x, 1) for x in on]} plain {[round(x, 1) for x in off]}",
+            f"{dtype} batch {batch} {label}: packed {[round(x, 1) for x in on]} "
+            f"plain {[round(x, 1) for x in off]}",
             flush=True,
         )
     packed.close()
     plain.close()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--source", default=SMOL)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--batches", default="32,8")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dtypes = args.dtypes.split(",")
+    if "bfloat16" in dtypes and not precision.native_bf16():
+        print(
+            "packing_ab: this CPU has no native bf16, so bf16 weights are not packed; fp32 only"
+        )
+        dtypes.remove("bfloat16")
+    torch.set_num_threads(1)
+    res: dict[str, float] = {}
+    for dtype in dtypes:
+        for batch in (int(b) for b in args.batches.split(",")):
+            part = compare(dtype, batch, args.source, args.reps)
+            res |= {f"{dtype}_b{batch}_{k}": v for k, v in part.items()}
     for k, v in sorted(res.items()):
-        print(f"{k:28s} {v:.4g}" if isinstance(v, float) else f"{k:28s} {v}")
+        print(f"{k:40s} {v:.4g}")
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
 

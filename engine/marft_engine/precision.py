@@ -3,9 +3,9 @@
 A base computes in fp32 or bf16 (`compute_dtype`). On a GPU a bf16 base is stored in bf16. On a CPU
 it keeps fp32 embeddings and norms (so the residual stream is fp32, as under autocast) and bf16
 linear weights (`bf16_linear_weights`), every pass runs under bf16 autocast (`autocast`), and the
-sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). Where the
-CPU has native bf16, passes without gradients (sampling, forward) multiply by prepacked copies of
-those weights (`pack_linear_weights`). LoRA weights, value heads and optimizer state are fp32
+sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). On a CPU,
+passes without gradients (sampling, forward) multiply by oneDNN-prepacked copies of the linear
+weights (`pack_linear_weights`): fp32 weights everywhere, bf16 ones where the CPU has native bf16. LoRA weights, value heads and optimizer state are fp32
 everywhere (see registry.py).
 """
 
@@ -68,9 +68,9 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
         install_decode_attention(model)
     if device.type == "cpu" and dtype == torch.bfloat16:
         bf16_linear_weights(model)
+    if device.type == "cpu":
         pack_linear_weights(model)
-        return torch.float32
-    return None
+    return torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else None
 
 
 def bf16_linear_weights(model: PreTrainedModel) -> None:
@@ -102,12 +102,20 @@ def native_bf16() -> bool:
 
 
 def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A bf16 CPU weight [d_out, d_in] prepacked for oneDNN (`packed_linear`), or None where this
-    CPU has no native bf16 or the packed product is not bit-identical to the plain one. Why: oneDNN
-    re-lays a plain bf16 weight out (for AMX tiles or AVX512_BF16 pairs) on every product, a copy of
-    the weight each time; the packed product is the same kernel without that copy (docs/
-    MEASUREMENTS.md: 1.2-2.3x faster from 1 to 640 rows)."""
-    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or not native_bf16():
+    """A CPU weight [d_out, d_in] prepacked for oneDNN's inner product (`packed_linear`), or None
+    where PyTorch has no oneDNN, the weight is not fp32 or bf16, or (bf16) the CPU has no native
+    bf16 or the packed product is not bit-identical to the plain one. Why: the plain product re-lays
+    the weight out on every call (MKL's sgemm packs an fp32 one into panels; oneDNN re-lays a bf16 one
+    for AMX tiles or AVX512_BF16 pairs), a copy of the weight each time, which at a decode step's few
+    rows is a large share of the product (docs/MEASUREMENTS.md: bf16 1.2-2.3x faster from 1 to 640
+    rows; fp32 1.2x at 32 rows and 1.6x at 8 on an Intel core, 2.2x at 32 on a Zen 5 one). A bf16
+    packed product is the plain one's kernel; an fp32 one is oneDNN's, not MKL's, so its results
+    differ in the last bits (a test bounds them against float64)."""
+    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    if w.dtype == torch.float32:
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+    if w.dtype != torch.bfloat16 or not native_bf16():
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
@@ -119,8 +127,9 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tens
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., d_in] (cast to bf16) times a `pack_weight` weight -> [..., d_out] bf16."""
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "")
+    """x [..., d_in] (cast to the weight's dtype) times a `pack_weight` weight -> [..., d_out] in
+    that dtype."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
@@ -129,10 +138,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> tor
 
 
 def pack_linear_weights(model: PreTrainedModel) -> int:
-    """Give every bf16 linear layer of a frozen CPU model a prepacked copy of its weight
-    (`pack_weight`), which passes without gradients multiply by (`_packed_forward`): sampling and
-    forward. Training passes keep the plain weight, which their backward needs, so the packed copies
-    cost the memory of the linear weights once more. Returns how many layers were packed."""
+    """Give every linear layer of a frozen CPU model a prepacked copy of its weight (`pack_weight`),
+    which passes without gradients multiply by (`_packed_forward`): sampling and forward. Training
+    passes keep the plain weight, which their backward needs, so the packed copies cost the memory of
+    the linear weights once more. Returns how many layers were packed."""
     n = 0
     for m in model.modules():
         if type(m) is torch.nn.Linear and (w := pack_weight(m.weight, m.bias)) is not None:
@@ -144,12 +153,11 @@ def pack_linear_weights(model: PreTrainedModel) -> int:
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A packed layer's forward: the packed product where no gradient is wanted and the product
-    runs in bf16 (a bf16 input, or CPU autocast to bf16, which would cast the input), else the plain
-    one. x [..., d_in] -> [..., d_out]."""
-    bf16 = x.dtype == torch.bfloat16 or (
-        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    )
-    if bf16 and not torch.is_grad_enabled():
+    runs in the packed weight's dtype (bf16: a bf16 input, or CPU autocast to bf16, which would cast
+    the input; fp32: an fp32 input outside autocast), else the plain one. x [..., d_in] ->
+    [..., d_out]."""
+    runs_in = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    if runs_in == self._marft_packed.dtype and not torch.is_grad_enabled():
         return packed_linear(x, self._marft_packed, self.bias)
     return F.linear(x, self.weight, self.bias)
 

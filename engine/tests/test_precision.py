@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import add_policy, ppo_data, seqs
+from helpers import PARITY_TOL, add_policy, ppo_data, seqs
 
 from marft_engine import precision
 from marft_engine.engine import Engine
@@ -116,14 +116,15 @@ def test_cpu_attention_override_is_sdpa_on_each_query_heads_keys() -> None:
     assert torch.allclose(got, want.transpose(1, 2), atol=1e-5)
 
 
-def _bf16_run(packing: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[object]]:
-    """A bf16 tiny base with two policies, packed or not: (packed layers, every figure a test compares:
-    a mixed-adapter sample's tokens and log-probs, forward log-probs, a PPO loss and its gradients)."""
+def _packing_run(dtype: str, packing: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[object]]:
+    """A tiny CPU base in `dtype` with two policies, packed or not: (packed layers, every figure a test
+    compares: a mixed-adapter sample's tokens and log-probs, forward log-probs, a PPO loss and its
+    gradients)."""
     if not packing:
         monkeypatch.setattr(precision, "pack_weight", lambda w, bias=None: None)
     eng = Engine(device="cpu")
     try:
-        eng.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
+        eng.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype=dtype))
         add_policy(eng, "p", seed=3)
         add_policy(eng, "q", seed=4)
         packed = sum(hasattr(m, "_marft_packed") for m in eng.bases["b"].hf.modules())
@@ -153,14 +154,14 @@ def _bf16_run(packing: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list
 
 
 @pytest.mark.skipif(not precision.native_bf16(), reason="packing needs a CPU with native bf16")
-def test_packed_weights_change_no_bit_of_sampling_forward_or_training(
+def test_packed_bf16_weights_change_no_bit_of_sampling_forward_or_training(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bf16 CPU base multiplies by prepacked weights in passes without gradients (sampling with
     mixed adapters, forward) and by the plain ones in training: every result is bit-identical to an
     engine that packs nothing."""
-    packed, fig = _bf16_run(True, monkeypatch)
-    unpacked, ref = _bf16_run(False, monkeypatch)
+    packed, fig = _packing_run("bfloat16", True, monkeypatch)
+    unpacked, ref = _packing_run("bfloat16", False, monkeypatch)
     assert packed == 2 * 7 + 1 and unpacked == 0  # every linear layer of the 2-layer tiny Llama, and its head
     assert fig[:3] == ref[:3]
     grads, ref_grads = fig[3], ref[3]
@@ -168,23 +169,68 @@ def test_packed_weights_change_no_bit_of_sampling_forward_or_training(
     assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
 
 
-def test_pack_weight_only_where_the_packed_product_is_the_plain_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pack_weight: bf16 CPU weights only, on a CPU with native bf16; the packed product equals
-    F.linear bit for bit at any row count, for 3-D and strided inputs."""
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+def test_packed_fp32_weights_keep_sampling_forward_and_training_within_rounding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An fp32 CPU base multiplies by oneDNN-packed weights in passes without gradients, whose last
+    bits differ from MKL's plain product: the same sampled tokens, log-probs within the parity
+    tolerance, and a PPO loss and gradients (the training pass is plain; its old log-probs come from
+    a packed forward) within fp32 rounding of an engine that packs nothing."""
+    packed, fig = _packing_run("float32", True, monkeypatch)
+    unpacked, ref = _packing_run("float32", False, monkeypatch)
+    assert packed == 2 * 7 + 1 and unpacked == 0
+    samples, ref_samples = fig[0], ref[0]
+    assert isinstance(samples, list) and isinstance(ref_samples, list)
+    assert [t for t, _ in samples] == [t for t, _ in ref_samples]
+    for (_, lp), (_, ref_lp) in zip(samples, ref_samples, strict=True):
+        assert torch.allclose(torch.tensor(lp), torch.tensor(ref_lp), atol=PARITY_TOL)
+    for lp, ref_lp in zip(fig[1], ref[1], strict=True):  # type: ignore[call-overload]
+        assert torch.allclose(torch.tensor(lp), torch.tensor(ref_lp), atol=PARITY_TOL)
+    assert abs(float(fig[2]) - float(ref[2])) < 1e-5  # type: ignore[arg-type]
+    grads, ref_grads = fig[3], ref[3]
+    assert isinstance(grads, list) and isinstance(ref_grads, list) and len(grads) == len(ref_grads) > 0
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads, ref_grads, strict=True))
+
+
+def test_pack_weight_for_fp32_and_bf16_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pack_weight: fp32 CPU weights wherever PyTorch has oneDNN, their packed product within fp32
+    rounding of the exact one (float64); bf16 ones only on a CPU with native bf16, their packed
+    product equal to F.linear bit for bit. At any row count, for 3-D and strided inputs, with a
+    bias."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 40, generator=g).to(torch.bfloat16)
-    assert precision.pack_weight(w.float()) is None  # fp32 weights keep the plain product
+    bias = torch.randn(48, generator=g)
+    xs = [
+        torch.randn(1, 40, generator=g),
+        torch.randn(33, 40, generator=g),
+        torch.randn(2, 7, 40, generator=g),
+        torch.randn(5, 3, 40, generator=g)[:, -1],  # a strided [5, 40] view, as Base.last_logits takes
+    ]
+    if torch.backends.mkldnn.is_available():
+        w32, b32 = torch.randn(300, 576, generator=g), torch.randn(300, generator=g)
+        packed = precision.pack_weight(w32, b32)
+        assert packed is not None and packed.dtype == torch.float32
+        for x in [*xs, torch.randn(32, 576, generator=g)]:
+            x = x if x.shape[-1] == 576 else torch.randn(*x.shape[:-1], 576, generator=g)
+            got = precision.packed_linear(x, packed, b32).double()
+            exact = x.double() @ w32.double().T + b32.double()
+            # fp32 rounding of a dot product of K terms: about sqrt(K) eps times the sum of their sizes
+            # (a product with bf16 inputs or a wrong weight misses by orders of magnitude more)
+            bound = 2 * 576**0.5 * torch.finfo(torch.float32).eps * (x.double().abs() @ w32.double().abs().T)
+            assert got.shape == exact.shape and bool(((got - exact).abs() <= bound).all())
+    else:
+        assert precision.pack_weight(w.float()) is None
     if precision.native_bf16():
         packed = precision.pack_weight(w)
-        assert packed is not None
-        for x in [
-            torch.randn(1, 40, generator=g),
-            torch.randn(33, 40, generator=g),
-            torch.randn(2, 7, 40, generator=g),
-            torch.randn(5, 3, 40, generator=g)[:, -1],  # a strided [5, 40] view, as Base.last_logits takes
-        ]:
+        assert packed is not None and packed.dtype == torch.bfloat16
+        for x in xs:
             xb = x.to(torch.bfloat16)
             assert torch.equal(precision.packed_linear(x, packed, None), F.linear(xb, w))
+            assert torch.equal(
+                precision.packed_linear(x, packed, bias.to(torch.bfloat16)),
+                F.linear(xb, w, bias.to(torch.bfloat16)),
+            )
     monkeypatch.setattr(precision, "native_bf16", lambda: False)
     assert precision.pack_weight(w) is None
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from marft_engine import precision
 
@@ -83,17 +84,27 @@ def test_every_probe_kernel_computes_the_product() -> None:
             assert torch.allclose(got.double(), want, rtol=tol, atol=tol * 24), (name, dtype)
 
 
-@pytest.mark.skipif(not precision.native_bf16(), reason="packing needs a CPU with native bf16")
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
 def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
-    """bench/packing_ab.py: both engines sample the same tokens (it asserts so) and every figure is
-    a positive time or ratio."""
+    """bench/packing_ab.py: in bf16 both engines sample the same tokens (it asserts so), in fp32 nearly
+    all; every figure is a positive time or ratio, for each dtype this CPU packs and each batch."""
     out = tmp_path / "ab.json"
-    cmd = [sys.executable, "packing_ab.py", "--source", "tiny:llama", "--reps", "1", "--out", str(out)]
+    cmd = [sys.executable, "packing_ab.py", "--source", "tiny:llama", "--reps", "1", "--batches", "4,2"]
     r = subprocess.run(
-        cmd, cwd=BENCH, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True
+        [*cmd, "--out", str(out)],
+        cwd=BENCH,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    for label in ("base", "lora4"):
-        for key in ("packed_step_ms", "plain_step_ms", "packing_speedup"):
-            assert math.isfinite(res[f"{label}_{key}"]) and res[f"{label}_{key}"] > 0, (label, key)
+    dtypes = ["float32", "bfloat16"] if precision.native_bf16() else ["float32"]
+    assert {k.split("_b")[0] for k in res} == set(dtypes)
+    for dtype in dtypes:
+        for batch in (4, 2):
+            for label in ("base", "lora4"):
+                key = f"{dtype}_b{batch}_{label}"
+                for fig in ("packed_step_ms", "plain_step_ms", "packing_speedup"):
+                    assert math.isfinite(res[f"{key}_{fig}"]) and res[f"{key}_{fig}"] > 0, (key, fig)
+                assert res[f"{key}_tokens_same"] >= (1.0 if dtype == "bfloat16" else 0.9), key
