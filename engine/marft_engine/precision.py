@@ -94,6 +94,14 @@ def bf16_linear_weights(model: PreTrainedModel) -> None:
 # packed for the row count at hand from 1 to 1,024 rows, docs/MEASUREMENTS.md).
 PACK_ROWS = 32
 
+# fp32 weights are packed only from this many elements, and their packed product runs only on up to
+# FP32_PACKED_MAX_ROWS rows. Why, on an Intel core (docs/MEASUREMENTS.md): oneDNN's fp32 inner product
+# has a higher fixed cost a call than MKL's sgemm, more than the re-layout it saves on a small weight
+# (attention projections of a 135M model, LoRA stacks); and on a thousand rows MKL's own kernel is
+# as fast or faster, so forward passes over many tokens keep it.
+FP32_PACK_MIN_ELEMENTS = 2**19
+FP32_PACKED_MAX_ROWS = 256
+
 
 @functools.cache
 def native_bf16() -> bool:
@@ -103,17 +111,19 @@ def native_bf16() -> bool:
 
 def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """A CPU weight [d_out, d_in] prepacked for oneDNN's inner product (`packed_linear`), or None
-    where PyTorch has no oneDNN, the weight is not fp32 or bf16, or (bf16) the CPU has no native
-    bf16 or the packed product is not bit-identical to the plain one. Why: the plain product re-lays
+    where PyTorch has no oneDNN, the weight is not fp32 or bf16, (fp32) it is small
+    (FP32_PACK_MIN_ELEMENTS), or (bf16) the CPU has no native bf16 or the packed product is not
+    bit-identical to the plain one. Why: the plain product re-lays
     the weight out on every call (MKL's sgemm packs an fp32 one into panels; oneDNN re-lays a bf16 one
     for AMX tiles or AVX512_BF16 pairs), a copy of the weight each time, which at a decode step's few
-    rows is a large share of the product (docs/MEASUREMENTS.md: bf16 1.2-2.3x faster from 1 to 640
-    rows; fp32 1.2x at 32 rows and 1.6x at 8 on an Intel core, 2.2x at 32 on a Zen 5 one). A bf16
+    rows is a large share of the product (docs/MEASUREMENTS.md). A bf16
     packed product is the plain one's kernel; an fp32 one is oneDNN's, not MKL's, so its results
     differ in the last bits (a test bounds them against float64)."""
     if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
     if w.dtype == torch.float32:
+        if w.numel() < FP32_PACK_MIN_ELEMENTS:
+            return None
         return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
     if w.dtype != torch.bfloat16 or not native_bf16():
         return None
@@ -154,10 +164,11 @@ def pack_linear_weights(model: PreTrainedModel) -> int:
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A packed layer's forward: the packed product where no gradient is wanted and the product
     runs in the packed weight's dtype (bf16: a bf16 input, or CPU autocast to bf16, which would cast
-    the input; fp32: an fp32 input outside autocast), else the plain one. x [..., d_in] ->
-    [..., d_out]."""
+    the input; fp32: an fp32 input outside autocast, on at most FP32_PACKED_MAX_ROWS rows), else the
+    plain one. x [..., d_in] -> [..., d_out]."""
     runs_in = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-    if runs_in == self._marft_packed.dtype and not torch.is_grad_enabled():
+    few = runs_in != torch.float32 or x.numel() <= FP32_PACKED_MAX_ROWS * x.shape[-1]
+    if runs_in == self._marft_packed.dtype and few and not torch.is_grad_enabled():
         return packed_linear(x, self._marft_packed, self.bias)
     return F.linear(x, self.weight, self.bias)
 

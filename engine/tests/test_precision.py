@@ -122,6 +122,7 @@ def _packing_run(dtype: str, packing: bool, monkeypatch: pytest.MonkeyPatch) -> 
     gradients)."""
     if not packing:
         monkeypatch.setattr(precision, "pack_weight", lambda w, bias=None: None)
+    monkeypatch.setattr(precision, "FP32_PACK_MIN_ELEMENTS", 0)  # the tiny model's weights are small
     eng = Engine(device="cpu")
     try:
         eng.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype=dtype))
@@ -208,6 +209,8 @@ def test_pack_weight_for_fp32_and_bf16_products(monkeypatch: pytest.MonkeyPatch)
         torch.randn(5, 3, 40, generator=g)[:, -1],  # a strided [5, 40] view, as Base.last_logits takes
     ]
     if torch.backends.mkldnn.is_available():
+        assert precision.pack_weight(torch.randn(48, 40)) is None  # small fp32 weights stay plain
+        monkeypatch.setattr(precision, "FP32_PACK_MIN_ELEMENTS", 300 * 576)
         w32, b32 = torch.randn(300, 576, generator=g), torch.randn(300, generator=g)
         packed = precision.pack_weight(w32, b32)
         assert packed is not None and packed.dtype == torch.float32
@@ -233,6 +236,30 @@ def test_pack_weight_for_fp32_and_bf16_products(monkeypatch: pytest.MonkeyPatch)
             )
     monkeypatch.setattr(precision, "native_bf16", lambda: False)
     assert precision.pack_weight(w) is None
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+def test_packed_fp32_layer_takes_the_packed_product_only_without_gradients_on_few_rows() -> None:
+    """A packed fp32 layer multiplies by its packed copy in a pass without gradients on at most
+    FP32_PACKED_MAX_ROWS rows, and by the plain weight (MKL's product, bit for bit) on more rows or
+    with gradients."""
+    g = torch.Generator().manual_seed(1)
+    layer = torch.nn.Linear(576, 1024)  # 589,824 elements: packed
+    model = torch.nn.Sequential(layer).requires_grad_(False)
+    assert precision.pack_linear_weights(model) == 1  # type: ignore[arg-type]
+    packed = layer._marft_packed
+    few = torch.randn(2, 4, 576, generator=g)
+    many = torch.randn(precision.FP32_PACKED_MAX_ROWS + 1, 576, generator=g)
+    # the two products differ in their last bits here, so which one ran shows
+    assert not torch.equal(
+        precision.packed_linear(few, packed, layer.bias), F.linear(few, layer.weight, layer.bias)
+    )
+    with torch.no_grad():
+        assert torch.equal(layer(few), precision.packed_linear(few, packed, layer.bias))
+        assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
+    x = few.clone().requires_grad_(True)
+    y = layer(x)
+    assert y.requires_grad and torch.equal(y.detach(), F.linear(few, layer.weight, layer.bias))
 
 
 def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:
