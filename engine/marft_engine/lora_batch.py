@@ -3,8 +3,8 @@
 PEFT's `adapter_names` path loops over the distinct adapters of a batch in every LoRA layer (gather the
 rows, two small matmuls, scatter back). With several agents in one decode batch that loop costs more
 than the LoRA math. Here each LoRA Linear keeps its adapters' weights stacked, A [n, r, d_in] and
-B * scaling [n, d_out, r] (slot 0 is all zeros, for "__base__" rows), and every row picks its slot:
-two bmm calls per layer whatever the number of adapters. Every row is computed on its own, so a row's
+B * scaling [n, d_out, r], and every row keeps its own adapter's block ("__base__" rows none): two
+matmuls per layer whatever the number of adapters. Every row is computed on its own, so a row's
 result does not depend on the rest of the batch.
 
 Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
@@ -51,7 +51,7 @@ def weights_epoch(adapter: str) -> int:
 def _stacks(
     module: lora_layer.Linear, names: tuple[str, ...], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int], torch.Tensor | None, torch.Tensor | None]:
-    """(A [(n+1) r, d_in], B [d_out, (n+1) r], slot per adapter, A and B prepacked or None) in the
+    """(A [n r, d_in], B [d_out, n r], slot per adapter, A and B prepacked or None) in the
     dtype the matmuls run in; the packed pair where the base layer is packed too (precision.py)."""
     key = (names, _epoch, dtype)
     cached = getattr(module, "_marft_stacks", None)
@@ -62,18 +62,18 @@ def _stacks(
     d_in, d_out = base.in_features, base.out_features
     r = max([module.r[a] for a in present], default=1)
     ref = module.lora_A[present[0]].weight if present else base.weight
-    A = torch.zeros((len(present) + 1, r, d_in), dtype=torch.float32, device=ref.device)  # [n+1, r, d_in]
-    B = torch.zeros((len(present) + 1, d_out, r), dtype=torch.float32, device=ref.device)  # [n+1, d_out, r]
+    A = torch.zeros((len(present), r, d_in), dtype=torch.float32, device=ref.device)  # [n, r, d_in]
+    B = torch.zeros((len(present), d_out, r), dtype=torch.float32, device=ref.device)  # [n, d_out, r]
     slot = {}
     with torch.no_grad():
-        for j, a in enumerate(present, start=1):
+        for j, a in enumerate(present):
             ra = module.r[a]
             A[j, :ra] = module.lora_A[a].weight.float()
             B[j, :, :ra] = module.lora_B[a].weight.float() * module.scaling[a]
             slot[a] = j
     # Laid out once for the two matmuls below, in their dtype (under autocast they would cast per call).
-    A2 = A.reshape(-1, d_in).to(dtype)  # [(n+1) r, d_in]
-    B2 = B.permute(1, 0, 2).reshape(d_out, -1).to(dtype)  # [d_out, (n+1) r]
+    A2 = A.reshape(-1, d_in).to(dtype)  # [n r, d_in]
+    B2 = B.permute(1, 0, 2).reshape(d_out, -1).to(dtype)  # [d_out, n r]
     packed = hasattr(base, "_marft_packed")
     stacks = (
         A2,
@@ -89,13 +89,14 @@ def _stacks(
 def _row_choice(
     adapter_names: list[str], slot: dict[str, int], device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
-    """[B, n+1] one-hot: row i's LoRA slot (0: none). The same for every layer with the same slots, so
+    """[B, n]: row i's LoRA slot one-hot (a "__base__" row, or an adapter without a LoRA on this
+    layer: all zeros). The same for every layer with the same slots, so
     in a `rows` call it is built once per call, not once per layer."""
     key = (tuple(slot.items()), device, dtype)
     if adapter_names is _rows and key in _row_choices:
         return _row_choices[key]
-    idx = torch.tensor([slot.get(a, 0) for a in adapter_names], device=device)  # [B]
-    keep = torch.nn.functional.one_hot(idx, len(slot) + 1).to(dtype)  # [B, n+1]
+    idx = torch.tensor([slot.get(a, -1) for a in adapter_names], device=device)  # [B]
+    keep = (idx[:, None] == torch.arange(len(slot), device=device)).to(dtype)  # [B, n]
     if adapter_names is _rows:
         _row_choices[key] = keep
     return keep
@@ -127,13 +128,13 @@ def _mixed_batch_forward(
     A, B, slot, A_packed, B_packed = _stacks(self, names, dtype)
     if not slot:  # no row has a LoRA on this layer (__base__ rows, or adapters on other layers)
         return result
-    n1 = len(slot) + 1
-    r = A.shape[0] // n1
-    keep = _row_choice(adapter_names, slot, x.device, dtype)  # [B, n+1]
     # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
     # block, then one matmul with all Bs side by side: no per-row copy of the weights.
-    xa = precision.linear(x, A, A_packed)  # [B, T, (n+1) r]
-    xa = (xa.view(*xa.shape[:2], n1, r) * keep[:, None, :, None]).view(xa.shape)  # [B, T, (n+1) r]
+    xa = precision.linear(x, A, A_packed)  # [B, T, n r]
+    if len(names) > 1 or names[0] not in slot:  # rows of several adapters, or some without one here
+        n = len(slot)
+        keep = _row_choice(adapter_names, slot, x.device, dtype)  # [B, n]
+        xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep[:, None, :, None]).view(xa.shape)
     out = precision.linear(xa, B, B_packed)  # [B, T, d_out]
     return result + out.to(result.dtype)
 
