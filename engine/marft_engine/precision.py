@@ -124,7 +124,10 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tens
     if w.dtype == torch.float32:
         if w.numel() < FP32_PACK_MIN_ELEMENTS:
             return None
-        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+        try:
+            return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+        except RuntimeError:  # a oneDNN build without an fp32 kernel for this CPU: the plain product
+            return None
     if w.dtype != torch.bfloat16 or not native_bf16():
         return None
     try:
