@@ -5,8 +5,8 @@ it keeps fp32 embeddings and norms (so the residual stream is fp32, as under aut
 linear weights (`bf16_linear_weights`), every pass runs under bf16 autocast (`autocast`), and the
 sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). On a CPU,
 passes without gradients (sampling, forward) multiply by oneDNN-prepacked copies of the linear
-weights (`pack_linear_weights`): fp32 weights everywhere, bf16 ones where the CPU has native bf16. LoRA weights, value heads and optimizer state are fp32
-everywhere (see registry.py).
+weights (`pack_linear_weights`): the large fp32 ones, and bf16 ones where the CPU has native bf16.
+LoRA weights, value heads and optimizer state are fp32 everywhere (see registry.py).
 """
 
 from __future__ import annotations
@@ -113,12 +113,12 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tens
     """A CPU weight [d_out, d_in] prepacked for oneDNN's inner product (`packed_linear`), or None
     where PyTorch has no oneDNN, the weight is not fp32 or bf16, (fp32) it is small
     (FP32_PACK_MIN_ELEMENTS), or (bf16) the CPU has no native bf16 or the packed product is not
-    bit-identical to the plain one. Why: the plain product re-lays
-    the weight out on every call (MKL's sgemm packs an fp32 one into panels; oneDNN re-lays a bf16 one
-    for AMX tiles or AVX512_BF16 pairs), a copy of the weight each time, which at a decode step's few
-    rows is a large share of the product (docs/MEASUREMENTS.md). A bf16
-    packed product is the plain one's kernel; an fp32 one is oneDNN's, not MKL's, so its results
-    differ in the last bits (a test bounds them against float64)."""
+    bit-identical to the plain one. Why: the plain product re-lays the weight out on every call
+    (MKL's sgemm packs an fp32 one into panels; oneDNN re-lays a bf16 one for AMX tiles or
+    AVX512_BF16 pairs), a copy of the weight each time, which at a decode step's few rows is a large
+    share of the product (docs/MEASUREMENTS.md). A bf16 packed product is the plain one's kernel; an
+    fp32 one is oneDNN's, not MKL's, so its results differ in the last bits (a test bounds them
+    against float64)."""
     if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
     if w.dtype == torch.float32:
@@ -151,10 +151,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> tor
 
 
 def pack_linear_weights(model: PreTrainedModel) -> int:
-    """Give every linear layer of a frozen CPU model a prepacked copy of its weight (`pack_weight`),
-    which passes without gradients multiply by (`_packed_forward`): sampling and forward. Training
+    """Give each linear layer of a frozen CPU model whose weight `pack_weight` packs that prepacked
+    copy, which passes without gradients multiply by (`_packed_forward`): sampling and forward. Training
     passes keep the plain weight, which their backward needs, so the packed copies cost the memory of
-    the linear weights once more. Returns how many layers were packed."""
+    those weights once more. Returns how many layers were packed."""
     n = 0
     for m in model.modules():
         if type(m) is torch.nn.Linear and (w := pack_weight(m.weight, m.bias)) is not None:
