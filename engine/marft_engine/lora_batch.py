@@ -74,7 +74,7 @@ def _stacks(
     # Laid out once for the two matmuls below, in their dtype (under autocast they would cast per call).
     A2 = A.reshape(-1, d_in).to(dtype)  # [n r, d_in]
     B2 = B.permute(1, 0, 2).reshape(d_out, -1).to(dtype)  # [d_out, n r]
-    packed = hasattr(base, "_marft_packed")
+    packed = bool(present) and hasattr(base, "_marft_packed")  # empty stacks (no LoRA here) are never used
     stacks = (
         A2,
         B2,

@@ -64,13 +64,13 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
     Returns the dtype of the sampler's KV cache: None for the one the model computes in."""
     store = dtype if device.type == "cuda" else torch.float32
     model.to(device=device, dtype=store).eval().requires_grad_(False)
-    if device.type == "cpu":
-        install_decode_attention(model)
-    if device.type == "cpu" and dtype == torch.bfloat16:
+    if device.type != "cpu":
+        return None
+    install_decode_attention(model)
+    if dtype == torch.bfloat16:
         bf16_linear_weights(model)
-    if device.type == "cpu":
-        pack_linear_weights(model)
-    return torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else None
+    pack_linear_weights(model)
+    return torch.float32 if dtype == torch.bfloat16 else None
 
 
 def bf16_linear_weights(model: PreTrainedModel) -> None:
