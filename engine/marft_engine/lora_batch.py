@@ -10,7 +10,8 @@ result does not depend on the rest of the batch.
 Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
 pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: each run of one
 adapter's rows through its own LoRA modules, with gradients. The stacks are rebuilt when `bump()` says
-weights may have changed (optimizer steps, loads, adapter creation and deletion).
+weights may have changed (optimizer steps, loads, adapter creation and deletion). Every other pass
+(one adapter, with or without gradients) takes `_active_forward`: PEFT's forward with fewer copies.
 """
 
 from __future__ import annotations
@@ -183,11 +184,35 @@ def _only_linear_lora(model: torch.nn.Module) -> bool:
 
 
 def _forward(self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-    if _rows is not None and not self.disable_adapters and not self.merged and "adapter_names" not in kwargs:
+    if self.disable_adapters or self.merged or "adapter_names" in kwargs:
+        return _original_forward(self, x, *args, **kwargs)
+    if _rows is not None:
         if torch.is_grad_enabled():  # a training pass: the LoRA weights need their gradients
             return _train_rows_forward(self, x, *args, **kwargs)
         return _mixed_batch_forward(self, x, *args, adapter_names=_rows, **kwargs)
+    if not args and not kwargs and not any(a in self.lora_variant for a in self.active_adapters):
+        return _active_forward(self, x)
     return _original_forward(self, x, *args, **kwargs)
+
+
+def _active_forward(self: lora_layer.Linear, x: torch.Tensor) -> torch.Tensor:
+    """PEFT's forward through the active adapters (vanilla LoRA), with two copies fewer
+    (docs/MEASUREMENTS.md): each adapter's scaling multiplies the rank-r intermediate, not the layer's
+    output (B (s A x) = s B A x: a product over r columns, not d_out, forward and backward); and under
+    autocast x goes to the LoRA product as it is, which casts it to the autocast dtype, where PEFT
+    first casts a bf16 x to the LoRA weights' fp32. The same bits as PEFT's forward where s is a
+    power of two (alpha = 2 r, the default) and without dropout, within rounding otherwise (tests).
+    x [..., d_in] -> [..., d_out]."""
+    result = self.base_layer(x)
+    dtype = result.dtype
+    autocast = torch.is_autocast_enabled(x.device.type)
+    for a in self.active_adapters:
+        if a not in self.lora_A:
+            continue
+        if not autocast:
+            x = self._cast_input_dtype(x, self.lora_A[a].weight.dtype)
+        result = result + self.lora_B[a](self.lora_A[a](self.lora_dropout[a](x)) * self.scaling[a])
+    return result.to(dtype)
 
 
 _row_runs: tuple[int, list[tuple[str, int, int]]] | None = None  # (id of _rows, runs); reset by rows()
@@ -214,10 +239,11 @@ def _train_rows_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object
 ) -> torch.Tensor:
     """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py): each
-    run of one adapter's rows through its own A and B, exactly PEFT's single-adapter math on those
-    rows (dropout included), added to the frozen layer's output. The runs are views of x and their
+    run of one adapter's rows through its own A and B, the single-adapter math on those rows
+    (dropout included), added to the frozen layer's output. The runs are views of x and their
     outputs are joined once: gathering and scattering rows per adapter copied the whole layer output
-    once per adapter, in every layer. x [B, T, d_in] -> [B, T, d_out]."""
+    once per adapter, in every layer. The scaling multiplies the rank-r intermediate, as in
+    `_active_forward`. x [B, T, d_in] -> [B, T, d_out]."""
     for k in lora_layer.VARIANT_KWARG_KEYS:
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
@@ -233,7 +259,7 @@ def _train_rows_forward(
             raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
         lora_a, lora_b = self.lora_A[a], self.lora_B[a]
         sub = sub.to(lora_a.weight.dtype)
-        parts.append((lora_b(lora_a(self.lora_dropout[a](sub))) * self.scaling[a]).to(result.dtype))
+        parts.append(lora_b(lora_a(self.lora_dropout[a](sub)) * self.scaling[a]).to(result.dtype))
     return result + (parts[0] if len(parts) == 1 else torch.cat(parts))  # [B, T, d_out]
 
 

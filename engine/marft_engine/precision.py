@@ -218,19 +218,27 @@ def explicit_attention(
     Hk, L = key.shape[1], key.shape[2]
     g = H // Hk  # query heads per key/value head
     with torch.autocast(query.device.type, enabled=False):
-        q = query.float().reshape(B, Hk, g * T, D)  # heads h*g .. h*g+g-1 read key/value head h
-        scores = (q @ key.float().transpose(-1, -2)) * (
-            D**-0.5 if scaling is None else scaling
-        )  # [B, Hk, gT, L]
+        # the scale on q, not on the scores: a product over B H T D elements, not B H T L
+        q = query.float() * (D**-0.5 if scaling is None else scaling)
+        q = q.reshape(B, Hk, g * T, D)  # heads h*g .. h*g+g-1 read key/value head h
+        scores = (q @ key.float().transpose(-1, -2)).view(B, Hk, g, T, L)
         if attention_mask is None:
             keep = torch.ones(T, L, dtype=torch.bool, device=query.device).tril(L - T)  # [T, L]
         else:
-            keep = attention_mask  # [B, 1, T, L]
-        keep = keep.unsqueeze(-3).expand(*keep.shape[:-2], g, T, L).reshape(*keep.shape[:-2], g * T, L)
-        # finite, not -inf: a row with no key to attend (a padding query) must not turn into NaN
-        scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
+            keep = attention_mask[:, :, None]  # [B, 1, 1, T, L]
+        # Masked by adding a large negative number, broadcast over the group: no copy of the mask per
+        # query head, and the backward of an addition is free (a masked fill's is another fill).
+        # Finite, not -inf: a row with no key to attend (a padding query) must not turn into NaN; it
+        # gets a uniform softmax, as with the fill, and its gradient is zero downstream.
+        bias = torch.zeros(keep.shape, dtype=torch.float32, device=query.device).masked_fill_(~keep, MASKED)
+        scores = (scores + bias).view(B, Hk, g * T, L)  # [B, Hk, gT, L]
         out = scores.softmax(-1) @ value.float()  # [B, Hk, gT, D]
     return out.reshape(B, H, T, D)
+
+
+# The score added at masked positions: exp(MASKED - max) is exactly 0 beside any real score, and a
+# score plus MASKED stays finite and rounds to MASKED (so a row with no real key is uniform).
+MASKED = -1e30
 
 
 def attention_in_cache_dtype(

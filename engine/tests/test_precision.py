@@ -276,12 +276,15 @@ def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:
     a padding mask; every query head group reads its own key/value head."""
     g = torch.Generator().manual_seed(0)
     B, H, Hk, D = 2, 6, 2, 8
-    for T, L, padded in [(5, 5, False), (3, 7, False), (6, 6, True)]:
+    for T, L, padded in [(5, 5, False), (3, 7, False), (6, 6, True), (6, 6, "left")]:
         q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True)
         k = torch.randn(B, Hk, L, D, generator=g, dtype=torch.float64, requires_grad=True)
         v = torch.randn(B, Hk, L, D, generator=g, dtype=torch.float64, requires_grad=True)
         keep = torch.ones(T, L, dtype=torch.bool).tril(L - T).expand(B, 1, T, L).clone()
-        if padded:
+        if padded == "left":
+            # row 1's first two positions are padding: their queries have no key to attend at all
+            keep[1, :, :, :2] = False
+        elif padded:
             keep[1, :, :, 4:] = False  # row 1: its last two positions are padding (right-padded)
         mask = keep if padded else None
         got = precision.explicit_attention(q, k, v, mask, None)
@@ -289,8 +292,15 @@ def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:
             q, k.repeat_interleave(H // Hk, 1), v.repeat_interleave(H // Hk, 1), attn_mask=keep
         )
         assert got.dtype == torch.float32 and got.shape == (B, H, T, D)
-        assert torch.allclose(got.double(), want, atol=1e-5), (T, L, padded)
         w = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+        if padded == "left":  # a query with no key: finite (the mean of the values), and ignored
+            assert torch.isfinite(got).all()
+            assert torch.allclose(
+                got[1, :, :2].double(), v[1].mean(-2).repeat_interleave(H // Hk, 0)[:, None]
+            )
+            want = torch.where(keep.any(-1, keepdim=True), want, got.detach().double())  # SDPA: NaN
+            w[1, :, :2] = 0.0  # as the loss weights padding
+        assert torch.allclose(got.double(), want, atol=1e-5), (T, L, padded)
         grads = torch.autograd.grad((got.double() * w).sum(), [q, k, v])
         want_grads = torch.autograd.grad((want * w).sum(), [q, k, v])
         for a, b in zip(grads, want_grads, strict=True):

@@ -1,6 +1,7 @@
 """bench/speed_bench.py runs end to end on a tiny model: decode (timed without its prefill) and the
 short-answer comparison write positive, finite figures, a bad --only is refused by name, and every
-kernel the matmul probe times computes the product."""
+kernel the matmul probe times computes the product; the in-process A/B scripts (packing_ab.py,
+train_ab.py) run and check what they assert."""
 
 from __future__ import annotations
 
@@ -108,3 +109,26 @@ def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
                 for fig in ("packed_step_ms", "plain_step_ms", "packing_speedup"):
                     assert math.isfinite(res[f"{key}_{fig}"]) and res[f"{key}_{fig}"] > 0, (key, fig)
                 assert res[f"{key}_tokens_same"] >= (1.0 if dtype == "bfloat16" else 0.9), key
+
+
+def test_train_ab_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/train_ab.py: the previous and the shipped training forward give the same bits (it asserts
+    so) and every figure is a positive time or ratio, in fp32 and bf16."""
+    out = tmp_path / "train_ab.json"
+    r = subprocess.run(
+        [sys.executable, "train_ab.py", "--source", "tiny:llama", "--reps", "1", "--out", str(out)],
+        cwd=BENCH,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    keys = {
+        f"{dtype}_{label}_{fig}"
+        for dtype in ("float32", "bfloat16")
+        for label in ("forward_backward", "forward")
+        for fig in ("previous_s", "new_s", "speedup")
+    }
+    assert set(res) == keys
+    assert all(math.isfinite(v) and v > 0 for v in res.values())
