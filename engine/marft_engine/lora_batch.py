@@ -247,6 +247,7 @@ def _train_rows_forward(
     for k in lora_layer.VARIANT_KWARG_KEYS:
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
+    autocast = torch.is_autocast_enabled(x.device.type)
     runs = _runs()
     parts: list[torch.Tensor] = []
     # split, not narrow: split's backward joins the pieces' gradients once, where each narrow's
@@ -258,7 +259,8 @@ def _train_rows_forward(
         if a in self.lora_variant:
             raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
         lora_a, lora_b = self.lora_A[a], self.lora_B[a]
-        sub = sub.to(lora_a.weight.dtype)
+        if not autocast:  # as in _active_forward: under autocast the product casts sub itself
+            sub = sub.to(lora_a.weight.dtype)
         parts.append(lora_b(lora_a(self.lora_dropout[a](sub)) * self.scaling[a]).to(result.dtype))
     return result + (parts[0] if len(parts) == 1 else torch.cat(parts))  # [B, T, d_out]
 
