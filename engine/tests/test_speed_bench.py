@@ -85,21 +85,21 @@ def test_every_probe_kernel_computes_the_product() -> None:
             assert torch.allclose(got.double(), want, rtol=tol, atol=tol * 24), (name, dtype)
 
 
+def run_ab(tmp_path: Path, script: str, *args: str) -> dict[str, float]:
+    """The figures an in-process A/B script of bench/ writes for one round on the tiny model."""
+    out = tmp_path / "ab.json"
+    cmd = [sys.executable, script, "--source", "tiny:llama", "--reps", "1", *args, "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, cwd=BENCH, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
 def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
     """bench/packing_ab.py: in bf16 both engines sample the same tokens (it asserts so), in fp32 nearly
     all; every figure is a positive time or ratio, for each dtype this CPU packs and each batch."""
-    out = tmp_path / "ab.json"
-    cmd = [sys.executable, "packing_ab.py", "--source", "tiny:llama", "--reps", "1", "--batches", "4,2"]
-    r = subprocess.run(
-        [*cmd, "--out", str(out)],
-        cwd=BENCH,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = run_ab(tmp_path, "packing_ab.py", "--batches", "4,2")
     dtypes = ["float32", "bfloat16"] if precision.native_bf16() else ["float32"]
     assert {k.split("_b")[0] for k in res} == set(dtypes)
     for dtype in dtypes:
@@ -114,16 +114,7 @@ def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
 def test_train_ab_on_a_tiny_model(tmp_path: Path) -> None:
     """bench/train_ab.py: the previous and the shipped training forward give the same bits (it asserts
     so) and every figure is a positive time or ratio, in fp32 and bf16."""
-    out = tmp_path / "train_ab.json"
-    r = subprocess.run(
-        [sys.executable, "train_ab.py", "--source", "tiny:llama", "--reps", "1", "--out", str(out)],
-        cwd=BENCH,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = run_ab(tmp_path, "train_ab.py")
     keys = {
         f"{dtype}_{label}_{fig}"
         for dtype in ("float32", "bfloat16")
