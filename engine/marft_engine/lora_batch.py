@@ -196,23 +196,26 @@ def _forward(self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: 
 
 
 def _active_forward(self: lora_layer.Linear, x: torch.Tensor) -> torch.Tensor:
-    """PEFT's forward through the active adapters (vanilla LoRA), with two copies fewer
-    (docs/MEASUREMENTS.md): each adapter's scaling multiplies the rank-r intermediate, not the layer's
-    output (B (s A x) = s B A x: a product over r columns, not d_out, forward and backward); and under
-    autocast x goes to the LoRA product as it is, which casts it to the autocast dtype, where PEFT
-    first casts a bf16 x to the LoRA weights' fp32. The same bits as PEFT's forward where s is a
-    power of two (alpha = 2 r, the default) and without dropout, within rounding otherwise (tests).
+    """PEFT's forward through the active adapters (vanilla LoRA), each adapter's term by `_lora_term`.
     x [..., d_in] -> [..., d_out]."""
     result = self.base_layer(x)
     dtype = result.dtype
-    autocast = torch.is_autocast_enabled(x.device.type)
     for a in self.active_adapters:
-        if a not in self.lora_A:
-            continue
-        if not autocast:
-            x = self._cast_input_dtype(x, self.lora_A[a].weight.dtype)
-        result = result + self.lora_B[a](self.lora_A[a](self.lora_dropout[a](x)) * self.scaling[a])
+        if a in self.lora_A:
+            result = result + _lora_term(self, a, x)
     return result.to(dtype)
+
+
+def _lora_term(self: lora_layer.Linear, a: str, x: torch.Tensor) -> torch.Tensor:
+    """Adapter a's LoRA term B (s A x) for x [..., d_in] -> [..., d_out], with two copies fewer than
+    PEFT's (docs/MEASUREMENTS.md): the scaling s multiplies the rank-r intermediate, not the layer's
+    output (a product over r columns, not d_out, forward and backward); and under autocast x goes to
+    the LoRA product as it is, which casts it to the autocast dtype, where PEFT first casts a bf16 x
+    to the LoRA weights' fp32. The same bits as PEFT's forward where s is a power of two (alpha = 2 r,
+    the default) and without dropout, within rounding otherwise (tests)."""
+    if not torch.is_autocast_enabled(x.device.type):
+        x = self._cast_input_dtype(x, self.lora_A[a].weight.dtype)
+    return self.lora_B[a](self.lora_A[a](self.lora_dropout[a](x)) * self.scaling[a])
 
 
 _row_runs: tuple[int, list[tuple[str, int, int]]] | None = None  # (id of _rows, runs); reset by rows()
@@ -239,15 +242,13 @@ def _train_rows_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object
 ) -> torch.Tensor:
     """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py): each
-    run of one adapter's rows through its own A and B, the single-adapter math on those rows
-    (dropout included), added to the frozen layer's output. The runs are views of x and their
-    outputs are joined once: gathering and scattering rows per adapter copied the whole layer output
-    once per adapter, in every layer. The scaling multiplies the rank-r intermediate, as in
-    `_active_forward`. x [B, T, d_in] -> [B, T, d_out]."""
+    run of one adapter's rows through its own A and B (`_lora_term`, dropout included), added to the
+    frozen layer's output. The runs are views of x and their outputs are joined once: gathering and
+    scattering rows per adapter copied the whole layer output once per adapter, in every layer.
+    x [B, T, d_in] -> [B, T, d_out]."""
     for k in lora_layer.VARIANT_KWARG_KEYS:
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
-    autocast = torch.is_autocast_enabled(x.device.type)
     runs = _runs()
     parts: list[torch.Tensor] = []
     # split, not narrow: split's backward joins the pieces' gradients once, where each narrow's
@@ -258,10 +259,7 @@ def _train_rows_forward(
             continue
         if a in self.lora_variant:
             raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
-        lora_a, lora_b = self.lora_A[a], self.lora_B[a]
-        if not autocast:  # as in _active_forward: under autocast the product casts sub itself
-            sub = sub.to(lora_a.weight.dtype)
-        parts.append(lora_b(lora_a(self.lora_dropout[a](sub)) * self.scaling[a]).to(result.dtype))
+        parts.append(_lora_term(self, a, sub).to(result.dtype))
     return result + (parts[0] if len(parts) == 1 else torch.cat(parts))  # [B, T, d_out]
 
 
