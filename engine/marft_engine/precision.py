@@ -121,20 +121,16 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tens
     against float64)."""
     if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
-    if w.dtype == torch.float32:
-        if w.numel() < FP32_PACK_MIN_ELEMENTS:
-            return None
-        try:
-            return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
-        except RuntimeError:  # a oneDNN build without an fp32 kernel for this CPU: the plain product
-            return None
-    if w.dtype != torch.bfloat16 or not native_bf16():
+    fp32 = w.dtype == torch.float32
+    if not (w.numel() >= FP32_PACK_MIN_ELEMENTS if fp32 else w.dtype == torch.bfloat16 and native_bf16()):
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+        if fp32:
+            return packed
         x = torch.randn(3, w.shape[1]).to(torch.bfloat16)
         same = torch.equal(packed_linear(x, packed, bias), F.linear(x, w, bias))
-    except RuntimeError:  # a oneDNN build without a bf16 kernel for this CPU
+    except RuntimeError:  # a oneDNN build without a kernel of this dtype for this CPU: the plain product
         return None
     return packed if same else None
 
@@ -230,7 +226,7 @@ def explicit_attention(
         # query head, and the backward of an addition is free (a masked fill's is another fill).
         # Finite, not -inf: a row with no key to attend (a padding query) must not turn into NaN; it
         # gets a uniform softmax, as with the fill, and its gradient is zero downstream.
-        bias = torch.zeros(keep.shape, dtype=torch.float32, device=query.device).masked_fill_(~keep, MASKED)
+        bias = torch.where(keep, 0.0, MASKED).float()  # [.., T, L]
         scores = (scores + bias).view(B, Hk, g * T, L)  # [B, Hk, gT, L]
         out = scores.softmax(-1) @ value.float()  # [B, Hk, gT, D]
     return out.reshape(B, H, T, D)
