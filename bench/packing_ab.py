@@ -13,17 +13,14 @@ may differ by rounding: `tokens_same` is the share of sampled tokens that agree.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from marft_engine import precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import BaseCreate, SampleBatch, SampleRequest, SamplingParams
-from probe import problems, prompts_of
+from probe import ab_arguments, paired_speedup, problems, prompts_of, write_figures
 from speed_bench import SMOL, add_adapters
 
 
@@ -109,9 +106,7 @@ def compare(dtype: str, batch: int, source: str, reps: int) -> dict[str, float]:
         on, off = on[1:], off[1:]
         res[f"{label}_packed_step_ms"] = statistics.median(on)
         res[f"{label}_plain_step_ms"] = statistics.median(off)
-        res[f"{label}_packing_speedup"] = statistics.median(
-            b / a for a, b in zip(on, off, strict=True)
-        )
+        res[f"{label}_packing_speedup"] = paired_speedup(off, on)
         res[f"{label}_tokens_same"] = min(same)
         print(
             f"{dtype} batch {batch} {label}: packed {[round(x, 1) for x in on]} "
@@ -124,14 +119,8 @@ def compare(dtype: str, batch: int, source: str, reps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--source", default=SMOL)
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap = ab_arguments(__doc__ or "", SMOL)
     ap.add_argument("--batches", default="32,8")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
     if "bfloat16" in dtypes and not precision.native_bf16():
@@ -145,10 +134,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             part = compare(dtype, batch, args.source, args.reps)
             res |= {f"{dtype}_b{batch}_{k}": v for k, v in part.items()}
-    for k, v in sorted(res.items()):
-        print(f"{k:40s} {v:.4g}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    write_figures(res, args.out)
 
 
 if __name__ == "__main__":

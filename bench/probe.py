@@ -7,9 +7,12 @@ compute limit is measured in the same run (`matmul_flops`) rather than taken fro
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -244,3 +247,29 @@ def few_shot(n: int) -> str:
         f"Example {i}: {p} Answer: {i * 7 % 50 + 3}."
         for i, p in enumerate(problems(n, 99))
     )
+
+
+def ab_arguments(doc: str, source: str) -> argparse.ArgumentParser:
+    """The options every in-process A/B script of bench/ takes (packing_ab.py, train_ab.py)."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--source", default=source)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--out", default=None)
+    return ap
+
+
+def paired_speedup(before: list[float], after: list[float]) -> float:
+    """The median of the paired ratios before / after (rounds taken in turn, so each pair shares the
+    machine's state of the moment)."""
+    return statistics.median(b / a for b, a in zip(before, after, strict=True))
+
+
+def write_figures(res: dict[str, float], out: str | None) -> None:
+    """Print the figures by name; write them to `out` as JSON where given."""
+    for k, v in sorted(res.items()):
+        print(f"{k:40s} {v:.4g}")
+    if out:
+        Path(out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")

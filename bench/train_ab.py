@@ -15,19 +15,16 @@ give the same bits, which this script asserts: the loss, every gradient and ever
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 from marft_engine import lora_batch, precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import BaseCreate, ForwardBackwardRequest, ForwardRequest
-from probe import demo_data
+from probe import ab_arguments, demo_data, paired_speedup, write_figures
 from speed_bench import SMOL, add_adapters
 
 
@@ -123,9 +120,7 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
         old, new = old[1:], new[1:]
         res[f"{label}_previous_s"] = statistics.median(old)
         res[f"{label}_new_s"] = statistics.median(new)
-        res[f"{label}_speedup"] = statistics.median(
-            o / n for o, n in zip(old, new, strict=True)
-        )
+        res[f"{label}_speedup"] = paired_speedup(old, new)
         print(
             f"{dtype} {label}: previous {[round(x, 3) for x in old]} new {[round(x, 3) for x in new]}",
             flush=True,
@@ -135,24 +130,14 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--source", default=SMOL)
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ab_arguments(__doc__ or "", SMOL).parse_args()
     torch.set_num_threads(1)
     res: dict[str, float] = {}
     for dtype in args.dtypes.split(","):
         res |= {
             f"{dtype}_{k}": v for k, v in compare(dtype, args.source, args.reps).items()
         }
-    for k, v in sorted(res.items()):
-        print(f"{k:40s} {v:.4g}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    write_figures(res, args.out)
 
 
 if __name__ == "__main__":
