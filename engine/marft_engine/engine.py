@@ -174,6 +174,10 @@ class Engine:
             tokens_trained=self.tokens_trained,
             decode_steps=self.sampler.decode_steps,
             decode_rows=self.sampler.decode_rows,
+            prefill_seconds=self.sampler.prefill_seconds,
+            decode_seconds=self.sampler.decode_seconds,
+            drafted_tokens=self.sampler.drafted_tokens,
+            accepted_drafts=self.sampler.accepted_drafts,
             endpoints={k: EndpointStats(calls=c, seconds=s) for k, (c, s) in sorted(endpoints.items())},
             prefix_cache=self.sampler.prefix_stats(),
         )

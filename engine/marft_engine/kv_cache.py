@@ -67,7 +67,10 @@ class Running(Generic[R]):
     edge. It leaves room of half the width (at least SLACK columns) on the side that ran out, so re-
     layouts are rare: O(log) as the batch grows. Buffers are allocated uninitialised (untouched room
     costs no memory); the invariant that makes that safe: in every live slot, columns [start, end) are
-    finite (a masked column still meets a 0 weight in attention, and 0 * NaN = NaN)."""
+    finite (a masked column still meets a 0 weight in attention, and 0 * NaN = NaN).
+
+    A step may feed several tokens a row (speculative decoding, speculative.py); the columns of a
+    row's rejected drafts stay in its slot as holes, masked from then on (`hole`)."""
 
     def __init__(self, max_slots: int, dtype: torch.dtype | None) -> None:
         self.rows: list[R] = []
@@ -78,6 +81,7 @@ class Running(Generic[R]):
         self.dtype = dtype  # the cache's dtype; None: the prefill's
         self.slots = self.columns = 0
         self.layers: list[SlotLayer] = []
+        self.hole = torch.zeros((0, 0), dtype=torch.bool)  # [slots, columns] True: masked for good
         self.cache = DynamicCache()
 
     @property
@@ -92,6 +96,10 @@ class Running(Generic[R]):
         S = max(slots, min(2 * self.slots, self.max_slots))  # geometric: O(log) re-layouts as rows join
         C = self.end - origin + max(SLACK, (self.end - origin) // 2)
         layers = []
+        hole = torch.zeros((S, C), dtype=torch.bool, device=like[0][0].device)
+        if n:
+            hole[:n, start - origin : self.end - origin] = self.hole[:n, start : self.end]
+        self.hole = hole
         for i, (k, v) in enumerate(like):
             kb = _uninitialised((S, k.shape[1], C, k.shape[3]), dtype=self.dtype or k.dtype, device=k.device)
             vb = _uninitialised((S, v.shape[1], C, v.shape[3]), dtype=self.dtype or v.dtype, device=v.device)
@@ -136,6 +144,7 @@ class Running(Generic[R]):
                     layer.kbuf[i, :, at : at + b - a] = k[s, :, a:b]
                     layer.vbuf[i, :, at : at + b - a] = v[s, :, a:b]
                     at += b - a
+            self.hole[i] = False
             self.rows.append(r)
             self.first.append(self.end - p)
             self.pos.append(p)
@@ -149,27 +158,35 @@ class Running(Generic[R]):
                 for layer in self.layers:
                     layer.kbuf[i, :, start : self.end] = layer.kbuf[last, :, start : self.end]
                     layer.vbuf[i, :, start : self.end] = layer.vbuf[last, :, start : self.end]
+                self.hole[i] = self.hole[last]
                 self.rows[i], self.first[i], self.pos[i] = self.rows[last], self.first[last], self.pos[last]
             self.rows.pop()
             self.first.pop()
             self.pos.pop()
 
-    def step_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Make room for one more column and point the layers at the live rows; returns the attention
-        mask [n, end - start + 1] (1 = a real token) and the position ids [n, 1] of this step."""
-        if self.end >= self.columns:
+    def step_inputs(self, device: torch.device, T: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make room for T more columns (T <= SLACK) and point the layers at the live rows; returns the
+        attention mask [n, end - start + T] (1 = a real token) and the position ids [n, T] of this step."""
+        if self.end + T > self.columns:
             self._relayout(len(self.rows), self.start, [(x.kbuf, x.vbuf) for x in self.layers])
         n, start = len(self.rows), self.start
         for layer in self.layers:
             layer.view(n, start, self.end)
-        cols = torch.arange(start, self.end + 1, device=device)
-        mask = (cols[None, :] >= torch.tensor(self.first, device=device)[:, None]).long()
-        return mask, torch.tensor(self.pos, device=device)[:, None]
+        cols = torch.arange(start, self.end + T, device=device)
+        mask = (cols[None, :] >= torch.tensor(self.first, device=device)[:, None]) & ~self.hole[
+            :n, start : self.end + T
+        ]
+        pos = torch.tensor(self.pos, device=device)[:, None] + torch.arange(T, device=device)
+        return mask.long(), pos
 
-    def advance(self) -> None:
-        """After a decode step: every row has one more token in the cache."""
-        self.end += 1
-        self.pos = [p + 1 for p in self.pos]
+    def advance(self, T: int = 1, kept: list[int] | None = None) -> None:
+        """After a decode step of T columns: row i keeps the first kept[i] of them (default: all), the
+        rest become holes, and its next position is kept[i] on."""
+        for i, k in enumerate(kept or []):
+            if k < T:
+                self.hole[i, self.end + k : self.end + T] = True
+        self.end += T
+        self.pos = [p + (T if kept is None else k) for p, k in zip(self.pos, kept or self.pos, strict=True)]
 
 
 def layers_of(cache: DynamicCache) -> KV:

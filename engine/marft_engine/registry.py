@@ -22,7 +22,15 @@ from . import chat, lora_batch, precision
 from .errors import BadRequest, Conflict, NotFound
 from .models import context_length, load_source, plain_head
 from .peft_folder import read_peft_dir
-from .schemas import AdapterCreate, AdapterInfo, BaseCreate, BaseInfo, LoraConfig, OptimizerConfig
+from .schemas import (
+    AdapterCreate,
+    AdapterInfo,
+    BaseCreate,
+    BaseInfo,
+    LoraConfig,
+    OptimizerConfig,
+    SampleRequest,
+)
 
 log = logging.getLogger("marft_engine")
 
@@ -58,16 +66,55 @@ class Base:
         """The context every pass of this base runs in (see precision.py)."""
         return precision.autocast(self.device, self.dtype)
 
-    def last_logits(self, kw: dict[str, object]) -> torch.Tensor:
-        """[B, V] the last position's logits of a pass of the model with arguments kw. Where the head
-        is plain, the trunk and then the head on the last position, as one 2-D matmul. Why: through
-        the model's own forward (`logits_to_keep=1`) the head gets a strided [B, 1, d] slice, which
-        matmul turns into one product per row with the head's weights broadcast: 8x slower on a CPU
-        for a prefill of 32 prompts (docs/MEASUREMENTS.md)."""
+    def last_logits(self, kw: dict[str, object], index: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, V] the last position's logits of a pass of the model with arguments kw; with index [M],
+        the logits [M, V] at those of the flattened [B * T] positions. Where the head is plain, the
+        trunk and then the head on those positions, as one 2-D matmul. Why: through the model's own
+        forward (`logits_to_keep=1`) the head gets a strided [B, 1, d] slice, which matmul turns into
+        one product per row with the head's weights broadcast: 8x slower on a CPU for a prefill of 32
+        prompts (docs/MEASUREMENTS.md)."""
         if not self.plain_head:
-            return self.hf(**kw, logits_to_keep=1).logits[:, -1].float()
+            out = self.hf(**kw, logits_to_keep=1 if index is None else 0).logits  # [B, T, V]
+            return (out[:, -1] if index is None else out.flatten(0, 1)[index]).float()
         hidden = self.hf.model(**kw).last_hidden_state  # [B, T, d]
-        return self.hf.lm_head(hidden[:, -1]).float()  # [B, V]
+        return self.hf.lm_head(hidden[:, -1] if index is None else hidden.flatten(0, 1)[index]).float()
+
+    def request_prompt(self, i: int, req: SampleRequest) -> tuple[list[int], list[int]]:
+        """Request i's prompt ids on this base, and the messages whose token_ids went in as text (chat.py)."""
+        if (req.messages is None) == (req.prompt_ids is None):
+            raise BadRequest(f"requests[{i}]: give exactly one of messages and prompt_ids")
+        retokenized: list[int] = []
+        if req.tools is not None and req.messages is None:
+            raise BadRequest(f"requests[{i}].tools: tools go with messages, not prompt_ids")
+        if req.messages is not None:
+            prompt = chat.prompt_ids(
+                self.tokenizer,
+                req.messages,
+                req.tools,
+                self.eos_ids,
+                self.vocab_size,
+                where=f"requests[{i}].",
+                base_name=self.name,
+            )
+            ids, retokenized = prompt.ids, prompt.retokenized
+            field_name = "messages"
+        else:
+            assert req.prompt_ids is not None
+            ids = list(req.prompt_ids)
+            field_name = "prompt_ids"
+            if not ids:
+                raise BadRequest(f"requests[{i}].prompt_ids: empty")
+            for j, t in enumerate(ids):
+                if not 0 <= t < self.vocab_size:
+                    raise BadRequest(
+                        f"requests[{i}].prompt_ids[{j}]: token id {t} is outside the vocabulary [0, {self.vocab_size})"
+                    )
+        if len(ids) >= self.context_length:
+            raise BadRequest(
+                f"requests[{i}].{field_name}: the prompt is {len(ids)} tokens; the context of base "
+                f"{self.name!r} is {self.context_length}"
+            )
+        return ids, retokenized
 
     def info(self) -> BaseInfo:
         return BaseInfo(

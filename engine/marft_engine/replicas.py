@@ -457,6 +457,10 @@ class ReplicaGroup:
             tokens_trained=sum(p.tokens_trained for p in per),
             decode_steps=sum(p.decode_steps for p in per),
             decode_rows=sum(p.decode_rows for p in per),
+            prefill_seconds=sum(p.prefill_seconds for p in per),
+            decode_seconds=sum(p.decode_seconds for p in per),
+            drafted_tokens=sum(p.drafted_tokens for p in per),
+            accepted_drafts=sum(p.accepted_drafts for p in per),
             endpoints={k: EndpointStats(calls=c, seconds=t) for k, (c, t) in sorted(endpoints.items())},
             replicas=[
                 ReplicaStats(
@@ -469,6 +473,8 @@ class ReplicaGroup:
                     tokens_trained=p.tokens_trained,
                     decode_steps=p.decode_steps,
                     decode_rows=p.decode_rows,
+                    prefill_seconds=p.prefill_seconds,
+                    decode_seconds=p.decode_seconds,
                     sample_calls=s.sample_calls,
                 )
                 for s, p in zip(self.slots, per, strict=True)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import chat, lora_batch
+from . import lora_batch
 from .errors import BadRequest, Conflict
 from .kv_cache import KV, Running, Spans, layers_of
 from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
@@ -44,6 +44,7 @@ from .schemas import (
     SampleResult,
     SamplingParams,
 )
+from .speculative import STEP_POSITIONS, PromptLookup, take
 from .stops import stop_completed, text_before_stop
 from .token_choice import choose_tokens
 
@@ -76,6 +77,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     sampler_logprobs: list[float] = field(default_factory=list)
     finish: Literal["stop", "eos", "length"] | None = None
+    lookup: PromptLookup | None = None  # its drafts, where its request sets draft_tokens
 
 
 def _row_seed(entropy: list[int]) -> int:
@@ -96,49 +98,16 @@ class Sampler:
         self.tokens_sampled = 0
         self.decode_steps = 0  # decode steps, and the rows they computed (mean batch = rows / steps)
         self.decode_rows = 0
+        self.prefill_seconds = 0.0  # wall time admitting rows (prefill, first token) and decoding:
+        self.decode_seconds = 0.0  # where sampling's time goes
+        self.drafted_tokens = 0  # speculative decoding: drafted tokens fed, and those accepted
+        self.accepted_drafts = 0
         self.prefix: dict[str, PrefixCache] = {}  # base name -> its prefix cache (bases that have one)
         self.prompt_tokens = 0  # prompt tokens admitted, and those of them prefilled (not reused)
         self.prefill_tokens = 0
 
     # ------------------------------------------------------------------------------------------------
     # admission of a call
-
-    def _prompt_ids(self, base: Base, i: int, req: SampleRequest) -> tuple[list[int], list[int]]:
-        """The request's prompt ids, and the messages whose token_ids went in as text (chat.py)."""
-        if (req.messages is None) == (req.prompt_ids is None):
-            raise BadRequest(f"requests[{i}]: give exactly one of messages and prompt_ids")
-        retokenized: list[int] = []
-        if req.tools is not None and req.messages is None:
-            raise BadRequest(f"requests[{i}].tools: tools go with messages, not prompt_ids")
-        if req.messages is not None:
-            prompt = chat.prompt_ids(
-                base.tokenizer,
-                req.messages,
-                req.tools,
-                base.eos_ids,
-                base.vocab_size,
-                where=f"requests[{i}].",
-                base_name=base.name,
-            )
-            ids, retokenized = prompt.ids, prompt.retokenized
-            field_name = "messages"
-        else:
-            assert req.prompt_ids is not None
-            ids = list(req.prompt_ids)
-            field_name = "prompt_ids"
-            if not ids:
-                raise BadRequest(f"requests[{i}].prompt_ids: empty")
-            for j, t in enumerate(ids):
-                if not 0 <= t < base.vocab_size:
-                    raise BadRequest(
-                        f"requests[{i}].prompt_ids[{j}]: token id {t} is outside the vocabulary [0, {base.vocab_size})"
-                    )
-        if len(ids) >= base.context_length:
-            raise BadRequest(
-                f"requests[{i}].{field_name}: the prompt is {len(ids)} tokens; the context of base "
-                f"{base.name!r} is {base.context_length}"
-            )
-        return ids, retokenized
 
     def submit(self, body: SampleBatch) -> concurrent.futures.Future[SampleResponse]:
         """Queue a call's rows (every request is checked first, so a bad one queues nothing); the
@@ -153,7 +122,7 @@ class Sampler:
             base, adapter = self.registry.resolve(req.adapter, req.base, f"requests[{i}].")
             if adapter is not None and adapter.kind != "policy":
                 raise BadRequest(f"requests[{i}].adapter: {req.adapter!r} is a critic; sample needs a policy")
-            ids, retok = self._prompt_ids(base, i, req)
+            ids, retok = base.request_prompt(i, req)
             retokenized.append(retok)
             for s in req.sampling.stop:
                 if not s:
@@ -204,8 +173,12 @@ class Sampler:
                 base = self.registry.bases.get(name)
                 if base is None:
                     raise RuntimeError(f"base {name!r} is gone")
+                t = time.perf_counter()
                 self._admit(base)
+                t1 = time.perf_counter()
                 self._step(base)
+                self.prefill_seconds += t1 - t
+                self.decode_seconds += time.perf_counter() - t1
             except Exception as e:  # a failure fails the calls in that batch, not the engine
                 log.exception("sampling on base %s failed", name)
                 self._fail(name, e)
@@ -217,15 +190,20 @@ class Sampler:
             if not r.job.future.done():
                 r.job.future.set_exception(exc)
 
-    def _model_call(self, base: Base, adapter_names: list[str], **kw: object) -> torch.Tensor:
-        """The last position's logits [B, V] of a pass with each row through its own adapter."""
+    def _model_call(
+        self, base: Base, adapter_names: list[str], index: torch.Tensor | None = None, **kw: object
+    ) -> torch.Tensor:
+        """The last position's logits [B, V] of a pass with each row through its own adapter; with
+        index, those at the flattened [B * T] positions index [M] (`Base.last_logits`)."""
         with torch.no_grad(), base.autocast():
             if base.peft is None:
-                return base.last_logits(kw)
+                return base.last_logits(kw, index)
             with lora_batch.rows(base.hf, adapter_names) as direct:
                 if direct:
-                    return base.last_logits(kw)
-                return base.peft(**kw, adapter_names=adapter_names, logits_to_keep=1).logits[:, -1].float()
+                    return base.last_logits(kw, index)
+                keep = 1 if index is None else 0
+                out = base.peft(**kw, adapter_names=adapter_names, logits_to_keep=keep).logits
+                return (out[:, -1] if index is None else out.flatten(0, 1)[index]).float()
 
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)
@@ -390,20 +368,47 @@ class Sampler:
         self.peak_batch = max(self.peak_batch, B)
         self.decode_steps += 1
         self.decode_rows += B
-        ids = torch.tensor([[r.out[-1]] for r in run.rows], device=dev)  # [B, 1]
-        mask, pos = run.step_inputs(dev)  # [B, L+1], [B, 1]
+        drafts = [self._draft(base, r, STEP_POSITIONS // B - 1) for r in run.rows]
+        T = 1 + max(len(d) for d in drafts)  # fed tokens a row: its last one and its drafts, padded
+        ids = torch.tensor(
+            [[r.out[-1], *d] + [0] * (T - 1 - len(d)) for r, d in zip(run.rows, drafts, strict=True)]
+        )
+        mask, pos = run.step_inputs(dev, T)  # [B, L+T], [B, T]
+        index = (
+            None
+            if T == 1
+            else torch.tensor([i * T + t for i, d in enumerate(drafts) for t in range(len(d) + 1)])
+        )
         logits = self._model_call(
             base,
-            input_ids=ids,
+            input_ids=ids.to(dev),
             attention_mask=mask,
             position_ids=pos,
             past_key_values=run.cache,
             use_cache=True,
             adapter_names=[r.adapter for r in run.rows],
-        )
-        run.advance()
-        self._take(base, run.rows, logits)
+            index=None if index is None else index.to(dev),
+        )  # [B, V], or [M, V] at each row's fed tokens but its padding
+        if T == 1:
+            run.advance()
+            self._take(base, run.rows, logits)
+        else:
+            kept = take(run.rows, drafts, logits, functools.partial(self._emit, base))
+            run.advance(T, kept)
+            self.drafted_tokens += sum(map(len, drafts))
+            self.accepted_drafts += sum(kept) - len(kept)
         self._drop_finished(base, run)
+
+    def _draft(self, base: Base, r: Row, most: int) -> list[int]:
+        """The row's drafted tokens for this step, at most `most` (speculative.py): none unless it
+        asks for them."""
+        if not r.params.draft_tokens or most <= 0:
+            return []
+        if r.lookup is None:
+            r.lookup = PromptLookup(r.prompt)
+        r.lookup.extend(r.out[len(r.lookup.ids) - len(r.prompt) :])  # its tokens since the last step
+        room = min(r.params.max_new_tokens - len(r.out), base.context_length - len(r.prompt) - len(r.out))
+        return r.lookup.draft(min(r.params.draft_tokens, most, room - 1))  # the step emits one more
 
     # ------------------------------------------------------------------------------------------------
     # token choice and bookkeeping
@@ -425,21 +430,25 @@ class Sampler:
             torch.tensor([p.top_p for p in params], device=dev),
             torch.stack(uniforms),
         )
-        eos = set(base.eos_ids)
-        decode = functools.partial(base.tokenizer.decode, skip_special_tokens=False)
         tokens, logprobs = choice.tokens.tolist(), choice.logprobs.tolist()
         for r, t, logprob, sampler_logprob in zip(
             rows, tokens, logprobs, choice.sampler_logprobs.tolist(), strict=True
         ):
-            r.out.append(t)
-            r.logprobs.append(logprob)
-            r.sampler_logprobs.append(sampler_logprob)
-            if t in eos and not r.params.ignore_eos:
-                r.finish = "eos"
-            elif r.params.stop and stop_completed(decode, r.out, r.params.stop):
-                r.finish = "stop"
-            elif len(r.out) >= r.params.max_new_tokens or len(r.prompt) + len(r.out) >= base.context_length:
-                r.finish = "length"
+            self._emit(base, r, t, logprob, sampler_logprob)
+
+    def _emit(self, base: Base, r: Row, t: int, logprob: float, sampler_logprob: float) -> None:
+        """Append a chosen token to its row; mark the row finished where the token ends it."""
+        r.out.append(t)
+        r.logprobs.append(logprob)
+        r.sampler_logprobs.append(sampler_logprob)
+        if t in base.eos_ids and not r.params.ignore_eos:
+            r.finish = "eos"
+        elif r.params.stop and stop_completed(
+            functools.partial(base.tokenizer.decode, skip_special_tokens=False), r.out, r.params.stop
+        ):
+            r.finish = "stop"
+        elif len(r.out) >= r.params.max_new_tokens or len(r.prompt) + len(r.out) >= base.context_length:
+            r.finish = "length"
 
     def _drop_finished(self, base: Base, run: Running[Row]) -> bool:
         """Complete the finished rows and take them out of the batch; returns whether any row is left

@@ -174,6 +174,15 @@ class SamplingParams(Strict):
     ignore_eos: bool = Field(
         False, description="keep sampling past eos until max_new_tokens or a stop string (benchmarks)"
     )
+    draft_tokens: int = Field(
+        0,
+        ge=0,
+        le=32,
+        description="speculative decoding: a step may feed up to this many tokens that followed an earlier "
+        "occurrence of the row's last 2 tokens in its prompt and response (prompt lookup) and keep those "
+        "that exact speculative sampling accepts; the tokens keep the same distribution (another draw "
+        "than with 0). 0 = off",
+    )
 
 
 class SampleRequest(Strict):
@@ -408,6 +417,8 @@ class ReplicaStats(Answer):
     tokens_trained: int
     decode_steps: int
     decode_rows: int
+    prefill_seconds: float
+    decode_seconds: float
     sample_calls: int = Field(description="sample calls the front routed to this replica")
 
 
@@ -422,6 +433,12 @@ class Stats(Answer):
     decode_rows: int = Field(
         description="rows those steps computed: decode_rows / decode_steps is the mean decode batch"
     )
+    prefill_seconds: float = Field(
+        description="wall seconds the sampler spent admitting rows: prefills and their first tokens"
+    )
+    decode_seconds: float = Field(description="wall seconds the sampler spent in decode steps")
+    drafted_tokens: int = Field(description="speculative decoding (draft_tokens): drafted tokens fed")
+    accepted_drafts: int = Field(description="drafted tokens accepted: accepted_drafts / drafted_tokens")
     endpoints: dict[str, EndpointStats]
     prefix_cache: PrefixCacheStats = Field(
         default_factory=lambda: PrefixCacheStats(),

@@ -193,6 +193,8 @@ def test_round_trip_over_http(client: TestClient) -> None:
     assert stats["tokens_sampled"] >= 8 and stats["tokens_trained"] >= len(toks)
     assert stats["endpoints"]["POST /v1/sample"]["calls"] >= 1
     assert stats["rss_bytes"] > 0
+    # the sampler's time, split into admitting rows (prefill) and decode steps; both ran
+    assert stats["decode_steps"] > 0 and stats["prefill_seconds"] > 0 and stats["decode_seconds"] > 0
     assert client.get("/v1/bases").json()["bases"][0]["name"] == "b"
 
 

@@ -812,6 +812,8 @@ export interface components {
         ReplicaStats: {
             /** Decode Rows */
             decode_rows: number;
+            /** Decode Seconds */
+            decode_seconds: number;
             /** Decode Steps */
             decode_steps: number;
             /** Index */
@@ -823,6 +825,8 @@ export interface components {
             node: string;
             /** Pid */
             pid: number;
+            /** Prefill Seconds */
+            prefill_seconds: number;
             /**
              * Restarts
              * @description times this replica died and was replaced
@@ -937,6 +941,12 @@ export interface components {
         /** SamplingParams */
         SamplingParams: {
             /**
+             * Draft Tokens
+             * @description speculative decoding: a step may feed up to this many tokens that followed an earlier occurrence of the row's last 2 tokens in its prompt and response (prompt lookup) and keep those that exact speculative sampling accepts; the tokens keep the same distribution (another draw than with 0). 0 = off
+             * @default 0
+             */
+            draft_tokens?: number;
+            /**
              * Ignore Eos
              * @description keep sampling past eos until max_new_tokens or a stop string (benchmarks)
              * @default false
@@ -978,6 +988,11 @@ export interface components {
         };
         /** Stats */
         Stats: {
+            /**
+             * Accepted Drafts
+             * @description drafted tokens accepted: accepted_drafts / drafted_tokens
+             */
+            accepted_drafts: number;
             /** Cuda Allocated Bytes */
             cuda_allocated_bytes?: number | null;
             /** Cuda Max Allocated Bytes */
@@ -988,16 +1003,31 @@ export interface components {
              */
             decode_rows: number;
             /**
+             * Decode Seconds
+             * @description wall seconds the sampler spent in decode steps
+             */
+            decode_seconds: number;
+            /**
              * Decode Steps
              * @description decode steps the sampler has run
              */
             decode_steps: number;
             /** Device */
             device: string;
+            /**
+             * Drafted Tokens
+             * @description speculative decoding (draft_tokens): drafted tokens fed
+             */
+            drafted_tokens: number;
             /** Endpoints */
             endpoints: {
                 [key: string]: components["schemas"]["EndpointStats"];
             };
+            /**
+             * Prefill Seconds
+             * @description wall seconds the sampler spent admitting rows: prefills and their first tokens
+             */
+            prefill_seconds: number;
             /** @description the sampler's shared-prefix KV cache, all bases */
             prefix_cache?: components["schemas"]["PrefixCacheStats"];
             /**

@@ -83,8 +83,18 @@ export const BaseList = z.object({
 export const Stats = z.looseObject({
   decode_steps: int(),
   decode_rows: int(),
+  prefill_seconds: z.number(),
+  decode_seconds: z.number(),
   tokens_sampled: int(),
   tokens_trained: int(),
 }) satisfies z.ZodType<
-  Pick<Schemas["Stats"], "decode_steps" | "decode_rows" | "tokens_sampled" | "tokens_trained">
+  Pick<
+    Schemas["Stats"],
+    | "decode_steps"
+    | "decode_rows"
+    | "prefill_seconds"
+    | "decode_seconds"
+    | "tokens_sampled"
+    | "tokens_trained"
+  >
 >;

@@ -40,6 +40,10 @@ export class FakeEngine implements ComputeEngine {
       tokens_trained: 0,
       decode_steps: this.decodeRows,
       decode_rows: 2 * this.decodeRows,
+      prefill_seconds: 0,
+      decode_seconds: 0,
+      drafted_tokens: 0,
+      accepted_drafts: 0,
       endpoints: {},
     };
   }
