@@ -189,6 +189,9 @@ function fakePlay(flatTask: (t: number) => boolean, samples = 2) {
       tokensPerSecond: 10 * n,
       engineCalls: 1,
       meanDecodeBatch: 1,
+      decodeSteps: 1,
+      prefillSeconds: 0.1,
+      decodeSeconds: 0.2,
     };
     return { episodes, stats };
   };

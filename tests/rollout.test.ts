@@ -105,6 +105,11 @@ describe("rollout against a real engine", () => {
     expect(stats.turns).toBe(24);
     expect(stats.engineCalls).toBe(24);
     expect(stats.meanDecodeBatch).toBeGreaterThan(1);
+    // the engine's sampler time, split: both phases ran, within the rollout's wall time
+    expect(stats.decodeSteps).toBeGreaterThan(0);
+    expect(stats.prefillSeconds).toBeGreaterThan(0);
+    expect(stats.decodeSeconds).toBeGreaterThan(0);
+    expect(stats.prefillSeconds + stats.decodeSeconds).toBeLessThan(stats.seconds);
     expect(stats.tokensSampled).toBe(
       episodes.flatMap((e) => e.turns).reduce((n, t) => n + t.responseIds.length, 0),
     );

@@ -15,7 +15,7 @@
 // nothing to train on, and an app that always fails is a bug to fix, not to train through.
 import { z } from "zod";
 import type { Turn } from "../rollout/types.ts";
-import type { Episode, RolloutResult } from "../rollout/index.ts";
+import { type Episode, type RolloutResult, samplerShare } from "../rollout/index.ts";
 import { mixSeed } from "../rng.ts";
 import type { EpisodeSource } from "../train/episodes.ts";
 import type { RecordedTurn } from "../gateway/episodes.ts";
@@ -157,7 +157,6 @@ export function appSource<Task>(o: AppSourceOptions<Task>): EpisodeSource {
       if (total > 0 && episodes.length === 0)
         throw new Error(`all ${total} app episodes of the rollout failed; the first: ${errors[0]}`);
       const after = await r.engine.stats();
-      const steps = after.decode_steps - before.decode_steps;
       const turns = episodes.reduce((k, e) => k + e.turns.length, 0);
       const tokens = episodes.reduce((k, e) => k + e.turns.reduce((m, t) => m + t.responseIds.length, 0), 0);
       const seconds = (performance.now() - t0) / 1000;
@@ -170,7 +169,7 @@ export function appSource<Task>(o: AppSourceOptions<Task>): EpisodeSource {
           seconds,
           tokensPerSecond: seconds > 0 ? tokens / seconds : 0,
           engineCalls: turns,
-          meanDecodeBatch: steps > 0 ? (after.decode_rows - before.decode_rows) / steps : 0,
+          ...samplerShare(before, after),
           errors: errors.length,
         },
       };

@@ -16,6 +16,7 @@ export function gatewayAgents(c: RunConfig): GatewayAgent[] {
       topK: a.sampling.topK,
       maxNewTokens: a.sampling.maxNewTokens,
       stop: a.sampling.stop,
+      draftTokens: a.sampling.draftTokens,
     },
   }));
 }

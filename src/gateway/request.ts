@@ -14,7 +14,15 @@ export interface GatewayAgent {
   adapter: string;
   base: string;
   /** Defaults for what a request does not set (the run config's `sampling`). */
-  sampling: { temperature: number; topP: number; topK: number; maxNewTokens: number; stop: string[] };
+  sampling: {
+    temperature: number;
+    topP: number;
+    topK: number;
+    maxNewTokens: number;
+    stop: string[];
+    /** Speculative decoding's drafted tokens a step (engine `draft_tokens`; default 0 = off). */
+    draftTokens?: number;
+  };
 }
 
 /** An error answer of the gateway, in OpenAI's terms. */

@@ -256,6 +256,7 @@ export class Gateway {
         max_new_tokens: sampling.max_tokens,
         stop: sampling.stop,
         n: r.n ?? 1,
+        draft_tokens: agent.sampling.draftTokens ?? 0,
       },
     };
     if (agent.adapter === BASE_ADAPTER) request.base = agent.base;

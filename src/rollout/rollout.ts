@@ -73,10 +73,33 @@ export interface RolloutStats {
   tokensPerSecond: number;
   /** Number of `sample` calls. */
   engineCalls: number;
-  /** Rows per engine decode step while this rollout ran (engine-wide: other clients' rows count too). */
+  /** The engine's sampler while this rollout ran (engine-wide: other clients' rows count too): rows
+   * per decode step, decode steps, and wall seconds in prefills and in decode steps. */
   meanDecodeBatch: number;
+  decodeSteps: number;
+  prefillSeconds: number;
+  decodeSeconds: number;
   /** Episodes that failed and are left out (app episodes: the app threw or timed out); absent for envs. */
   errors?: number;
+}
+
+type SamplerStats = Pick<
+  Schemas["Stats"],
+  "decode_steps" | "decode_rows" | "prefill_seconds" | "decode_seconds"
+>;
+
+/** What the engine's sampler did between two `stats()` readings, as RolloutStats reports it. */
+export function samplerShare(
+  before: SamplerStats,
+  after: SamplerStats,
+): Pick<RolloutStats, "meanDecodeBatch" | "decodeSteps" | "prefillSeconds" | "decodeSeconds"> {
+  const steps = after.decode_steps - before.decode_steps;
+  return {
+    meanDecodeBatch: steps > 0 ? (after.decode_rows - before.decode_rows) / steps : 0,
+    decodeSteps: steps,
+    prefillSeconds: after.prefill_seconds - before.prefill_seconds,
+    decodeSeconds: after.decode_seconds - before.decode_seconds,
+  };
 }
 
 export interface RolloutResult {
@@ -159,7 +182,6 @@ class Rollout<Task> {
     }
     const seconds = (performance.now() - t0) / 1000;
     const after = await this.opts.engine.stats();
-    const steps = after.decode_steps - before.decode_steps;
     const s = this.stats;
     return {
       episodes: this.episodes,
@@ -170,7 +192,7 @@ class Rollout<Task> {
         seconds,
         tokensPerSecond: seconds > 0 ? s.tokensSampled / seconds : 0,
         engineCalls: s.engineCalls,
-        meanDecodeBatch: steps > 0 ? (after.decode_rows - before.decode_rows) / steps : 0,
+        ...samplerShare(before, after),
       },
     };
   }

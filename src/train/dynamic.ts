@@ -102,5 +102,8 @@ export function mergeStats(all: readonly RolloutStats[]): RolloutStats {
     tokensPerSecond: seconds > 0 ? tokensSampled / seconds : 0,
     engineCalls: sum((s) => s.engineCalls),
     meanDecodeBatch: turns > 0 ? sum((s) => s.meanDecodeBatch * s.turns) / turns : 0,
+    decodeSteps: sum((s) => s.decodeSteps),
+    prefillSeconds: sum((s) => s.prefillSeconds),
+    decodeSeconds: sum((s) => s.decodeSeconds),
   };
 }

@@ -32,6 +32,7 @@ export function agentProfiles(c: RunConfig, greedy = false): Record<string, Agen
         top_k: a.sampling.topK,
         max_new_tokens: a.sampling.maxNewTokens,
         stop: a.sampling.stop,
+        draft_tokens: a.sampling.draftTokens,
       },
     };
   }
