@@ -10,7 +10,8 @@ rollout (model loading excluded on both sides).
 Input (JSON file): {"agents": [{"role", "system_prompt"}], "graph": "sequential" | "parallel",
 "problems": [str], "max_new_tokens", "temperature", "top_k", "seed", "model_dir", "dtype":
 "float32" | "bfloat16"}.
-Output (JSON on stdout): {"seconds", "episodes", "response_tokens", "tokens_per_s"}.
+Output (JSON on stdout): {"seconds", "episodes", "response_tokens", "tokens_per_s", "decode_steps"}:
+decode_steps counts `generate`'s steps, each over the whole batch of episodes (padded to the longest).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
                 max_new_tokens=4,
             )
     start = time.perf_counter()
+    steps = 0
     for agent, model in zip(agents, models, strict=True):
         chats = [
             observation(
@@ -88,6 +90,7 @@ def main() -> None:
                 pad_token_id=tok.pad_token_id,
             )
         resp = out[:, enc["input_ids"].shape[1] :]
+        steps += resp.shape[1]
         for e in range(len(problems)):
             ids = resp[e].tolist()
             # Count tokens up to and including the first eos, as MARFT's engine does.
@@ -106,6 +109,7 @@ def main() -> None:
                 "episodes": len(problems),
                 "response_tokens": tokens,
                 "tokens_per_s": tokens / seconds,
+                "decode_steps": steps,
             }
         )
     )

@@ -14,7 +14,7 @@ import { datasetsDir } from "../src/envs/datasets.ts";
 import { loadMathProblems } from "../src/envs/math/data.ts";
 import { MathEnv } from "../src/envs/math/env.ts";
 import type { AgentSpec, GraphSpec } from "../src/flexmg/types.ts";
-import { rollout } from "../src/rollout/rollout.ts";
+import { type RolloutStats, rollout } from "../src/rollout/rollout.ts";
 
 const REPO = resolve(import.meta.dirname, "..");
 export const MODEL = "pkg:smollm2-135m-instruct";
@@ -49,6 +49,65 @@ export interface RolloutBenchCase {
   referenceTokens: number; // of the faster reference run
   referenceTokensByDtype: Partial<Record<Dtype, number>>;
   speedup: number;
+  // Where the time goes. MARFT's engine: decode steps, and its sampler's wall seconds in prefills and
+  // in decode steps; the reference: `generate`'s steps. The longest episode's response tokens bound
+  // from below the decode steps any sampler that emits one token per row per step needs, whatever
+  // its batching: a sequential team's episode is a chain of its agents' answers.
+  marftDecodeSteps: number;
+  marftPrefillSeconds: number;
+  marftDecodeSeconds: number;
+  referenceDecodeSteps: number;
+  longestEpisodeTokens: number;
+  // Response tokens per step of prompt-lookup drafting, from MARFT's sampled text (promptLookupRate).
+  promptLookupTokensPerStep: number;
+  // MARFT with speculative decoding (sampling.draft_tokens = DRAFT_TOKENS, speculative.py): the same
+  // distribution of answers, another draw of them; its seconds, tokens and decode steps, and the
+  // reference's time over its time.
+  draftSeconds: number;
+  draftTokens: number;
+  draftDecodeSteps: number;
+  speedupDrafts: number;
+}
+
+// Drafted tokens a step for MARFT's second run of each case: 8 did best of 4 and 8 in the prompt-
+// lookup rates of this rollout's text (docs/MEASUREMENTS.md).
+const DRAFT_TOKENS = 8;
+
+/**
+ * Tokens per decode step that speculative decoding with prompt-lookup drafts would take on these
+ * turns: at each step, draft the `k` tokens that followed the latest earlier occurrence of the last
+ * `n` tokens of prompt + response so far, and count the draft's tokens that match the sampled ones,
+ * plus the step's own token. Matching the sampled text estimates acceptance: with exact speculative
+ * sampling a drafted token is accepted with the probability that it is the one drawn.
+ */
+export function promptLookupRate(
+  turns: { promptIds: number[]; responseIds: number[] }[],
+  n = 2,
+  k = 8,
+): number {
+  let steps = 0;
+  let tokens = 0;
+  for (const { promptIds, responseIds: r } of turns) {
+    const ctx = [...promptIds];
+    let i = 0;
+    while (i < r.length) {
+      let accepted = 0;
+      search: for (let at = ctx.length - n - 1; at >= 0 && ctx.length >= n; at--) {
+        for (let j = 0; j < n; j++) if (ctx[at + j] !== ctx[ctx.length - n + j]) continue search;
+        while (accepted < k && at + n + accepted < ctx.length && i + accepted < r.length) {
+          if (ctx[at + n + accepted] !== r[i + accepted]) break;
+          accepted++;
+        }
+        break;
+      }
+      const take = Math.min(accepted + 1, r.length - i);
+      ctx.push(...r.slice(i, i + take));
+      i += take;
+      steps++;
+    }
+    tokens += r.length;
+  }
+  return steps > 0 ? tokens / steps : 0;
 }
 
 export function team(n: number): AgentSpec[] {
@@ -67,7 +126,14 @@ export async function marftRollout(
   problems: ReturnType<typeof loadMathProblems>,
   maxNewTokens: number,
   seed: number,
-): Promise<{ seconds: number; tokens: number }> {
+  draftTokens = 0,
+): Promise<{
+  seconds: number;
+  tokens: number;
+  stats: RolloutStats;
+  longestEpisodeTokens: number;
+  promptLookupTokensPerStep: number;
+}> {
   const run = (maxTokens: number) =>
     rollout({
       engine: client,
@@ -77,7 +143,15 @@ export async function marftRollout(
       profiles: Object.fromEntries(
         agents.map((a) => [
           a.id,
-          { adapter: a.id, sampling: { temperature: TEMPERATURE, top_k: TOP_K, max_new_tokens: maxTokens } },
+          {
+            adapter: a.id,
+            sampling: {
+              temperature: TEMPERATURE,
+              top_k: TOP_K,
+              max_new_tokens: maxTokens,
+              draft_tokens: draftTokens,
+            },
+          },
         ]),
       ),
       seed,
@@ -85,7 +159,16 @@ export async function marftRollout(
     });
   await run(4); // warm-up, as the reference's side does (kernels for these shapes), not timed
   const r = await run(maxNewTokens);
-  return { seconds: r.stats.seconds, tokens: r.stats.tokensSampled };
+  const turns = r.episodes.flatMap((e) => e.turns);
+  return {
+    seconds: r.stats.seconds,
+    tokens: r.stats.tokensSampled,
+    stats: r.stats,
+    longestEpisodeTokens: Math.max(
+      ...r.episodes.map((e) => e.turns.reduce((n, t) => n + t.responseIds.length, 0)),
+    ),
+    promptLookupTokensPerStep: promptLookupRate(turns),
+  };
 }
 
 function referenceRollout(
@@ -96,7 +179,7 @@ function referenceRollout(
   modelDir: string,
   seed: number,
   dtype: (typeof REFERENCE_DTYPES)[number],
-): { seconds: number; tokens: number } {
+): { seconds: number; tokens: number; steps: number } {
   const dir = mkdtempSync(join(tmpdir(), "marft-bench-"));
   const spec = join(dir, "spec.json");
   writeFileSync(
@@ -117,8 +200,12 @@ function referenceRollout(
     encoding: "utf8",
     stdio: ["ignore", "pipe", "ignore"],
   });
-  const r = JSON.parse(out.trim().split("\n").at(-1)!) as { seconds: number; response_tokens: number };
-  return { seconds: r.seconds, tokens: r.response_tokens };
+  const r = JSON.parse(out.trim().split("\n").at(-1)!) as {
+    seconds: number;
+    response_tokens: number;
+    decode_steps: number;
+  };
+  return { seconds: r.seconds, tokens: r.response_tokens, steps: r.decode_steps };
 }
 
 /**
@@ -142,6 +229,8 @@ export async function benchRollout(
   rollout_speedup_2_agents?: number;
   rollout_speedup_4_agents?: number;
   rollout_speedup_4_agents_by_seed?: number[];
+  rollout_speedup_4_agents_drafts?: number;
+  rollout_speedup_4_agents_drafts_by_seed?: number[];
 }> {
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
   const episodes = opts.episodes ?? (opts.quick ? 32 : 64);
@@ -177,7 +266,17 @@ export async function benchRollout(
           log(`rollout bench: ${n} agents, ${graph}, ${episodes} episodes, seed ${seed}`);
           log("  marft start");
           const m = await marftRollout(client, agents, { kind: graph }, problems, maxNewTokens, seed);
-          log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; reference start`);
+          log(`  marft ${m.seconds.toFixed(1)}s ${m.tokens} tokens; with drafts start`);
+          const d = await marftRollout(
+            client,
+            agents,
+            { kind: graph },
+            problems,
+            maxNewTokens,
+            seed,
+            DRAFT_TOKENS,
+          );
+          log(`  marft with drafts ${d.seconds.toFixed(1)}s ${d.tokens} tokens; reference start`);
           // both precisions at the first seed; later seeds run the one that was faster there
           const key = `${n} ${graph}`;
           const dtypes = fastest.has(key) ? [fastest.get(key)!] : candidates;
@@ -209,6 +308,16 @@ export async function benchRollout(
             marftTokens: m.tokens,
             referenceTokens: ref.tokens,
             speedup: ref.seconds / m.seconds,
+            marftDecodeSteps: m.stats.decodeSteps,
+            marftPrefillSeconds: m.stats.prefillSeconds,
+            marftDecodeSeconds: m.stats.decodeSeconds,
+            referenceDecodeSteps: ref.steps,
+            longestEpisodeTokens: m.longestEpisodeTokens,
+            promptLookupTokensPerStep: m.promptLookupTokensPerStep,
+            draftSeconds: d.seconds,
+            draftTokens: d.tokens,
+            draftDecodeSteps: d.stats.decodeSteps,
+            speedupDrafts: ref.seconds / d.seconds,
           });
         }
       }
@@ -216,8 +325,10 @@ export async function benchRollout(
     await engine.stop();
   }
   // per seed, sequential teams; the headline is the mean over the seeds
-  const bySeed = (n: number) =>
-    cases.filter((c) => c.agents === n && c.graph === "sequential").map((c) => c.speedup);
+  const bySeed = (n: number, drafts = false) =>
+    cases
+      .filter((c) => c.agents === n && c.graph === "sequential")
+      .map((c) => (drafts ? c.speedupDrafts : c.speedup));
   const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : undefined);
   return {
     settings: { episodes, maxNewTokens, temperature: TEMPERATURE, topK: TOP_K, seeds },
@@ -226,6 +337,8 @@ export async function benchRollout(
     rollout_speedup_2_agents: mean(bySeed(2)),
     rollout_speedup_4_agents: mean(bySeed(4)),
     rollout_speedup_4_agents_by_seed: bySeed(4),
+    rollout_speedup_4_agents_drafts: mean(bySeed(4, true)),
+    rollout_speedup_4_agents_drafts_by_seed: bySeed(4, true),
   };
 }
 
@@ -245,6 +358,8 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       rollout_speedup_2_agents: r.rollout_speedup_2_agents,
       rollout_speedup_4_agents: r.rollout_speedup_4_agents,
       rollout_speedup_4_agents_by_seed: r.rollout_speedup_4_agents_by_seed,
+      rollout_speedup_4_agents_drafts: r.rollout_speedup_4_agents_drafts,
+      rollout_speedup_4_agents_drafts_by_seed: r.rollout_speedup_4_agents_drafts_by_seed,
     }),
   );
 }

@@ -123,3 +123,16 @@ def test_train_ab_on_a_tiny_model(tmp_path: Path) -> None:
     }
     assert set(res) == keys
     assert all(math.isfinite(v) and v > 0 for v in res.values())
+
+
+def test_drafts_ab_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/drafts_ab.py: every figure at each batch, rates positive, acceptance a fraction and a
+    row's tokens per step at least one."""
+    res = run_ab(tmp_path, "drafts_ab.py", "--batches", "2,1", "--dtypes", "float32")
+    for b in (2, 1):
+        key = f"float32_b{b}"
+        for fig in ("speedup", "tokens_per_s_none", "tokens_per_s_drafts"):
+            assert math.isfinite(res[f"{key}_{fig}"]) and res[f"{key}_{fig}"] > 0, (key, fig)
+        assert 0 <= res[f"{key}_acceptance"] <= 1
+        assert res[f"{key}_tokens_per_step"] >= 1
+    assert len(res) == 10
