@@ -13,9 +13,6 @@ export function rolloutMetrics(stats: RolloutStats, staleTurns: number): Metrics
     "throughput/sample_tokens_per_s": stats.tokensPerSecond,
     "rollout/engine_calls": stats.engineCalls,
     "rollout/mean_decode_batch": stats.meanDecodeBatch,
-    "rollout/decode_steps": stats.decodeSteps,
-    "rollout/prefill_s": stats.prefillSeconds,
-    "rollout/decode_s": stats.decodeSeconds,
     "rollout/stale_turns": staleTurns,
     ...(stats.errors !== undefined ? { "episodes/errors": stats.errors } : {}),
   };
