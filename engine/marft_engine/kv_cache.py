@@ -182,11 +182,12 @@ class Running(Generic[R]):
     def advance(self, T: int = 1, kept: list[int] | None = None) -> None:
         """After a decode step of T columns: row i keeps the first kept[i] of them (default: all), the
         rest become holes, and its next position is kept[i] on."""
-        for i, k in enumerate(kept or []):
+        kept = [T] * len(self.pos) if kept is None else kept
+        for i, k in enumerate(kept):
             if k < T:
                 self.hole[i, self.end + k : self.end + T] = True
         self.end += T
-        self.pos = [p + (T if kept is None else k) for p, k in zip(self.pos, kept or self.pos, strict=True)]
+        self.pos = [p + k for p, k in zip(self.pos, kept, strict=True)]
 
 
 def layers_of(cache: DynamicCache) -> KV:

@@ -38,6 +38,11 @@ BASE_ADAPTER = "__base__"  # the adapter name that means the bare base (every ad
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+def at_positions(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """x [B, T, ...] at the last position [B, ...], or at the flattened positions index [M, ...]."""
+    return x[:, -1] if index is None else x.flatten(0, 1)[index]
+
+
 @dataclass
 class Base:
     name: str
@@ -74,10 +79,9 @@ class Base:
         one product per row with the head's weights broadcast: 8x slower on a CPU for a prefill of 32
         prompts (docs/MEASUREMENTS.md)."""
         if not self.plain_head:
-            out = self.hf(**kw, logits_to_keep=1 if index is None else 0).logits  # [B, T, V]
-            return (out[:, -1] if index is None else out.flatten(0, 1)[index]).float()
+            return at_positions(self.hf(**kw, logits_to_keep=1 if index is None else 0).logits, index).float()
         hidden = self.hf.model(**kw).last_hidden_state  # [B, T, d]
-        return self.hf.lm_head(hidden[:, -1] if index is None else hidden.flatten(0, 1)[index]).float()
+        return self.hf.lm_head(at_positions(hidden, index)).float()
 
     def request_prompt(self, i: int, req: SampleRequest) -> tuple[list[int], list[int]]:
         """Request i's prompt ids on this base, and the messages whose token_ids went in as text (chat.py)."""

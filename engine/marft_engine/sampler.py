@@ -34,7 +34,7 @@ from . import lora_batch
 from .errors import BadRequest, Conflict
 from .kv_cache import KV, Running, Spans, layers_of
 from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
-from .registry import BASE_ADAPTER, Base, Registry
+from .registry import BASE_ADAPTER, Base, Registry, at_positions
 from .schemas import (
     Completion,
     PrefixCacheStats,
@@ -203,7 +203,7 @@ class Sampler:
                     return base.last_logits(kw, index)
                 keep = 1 if index is None else 0
                 out = base.peft(**kw, adapter_names=adapter_names, logits_to_keep=keep).logits
-                return (out[:, -1] if index is None else out.flatten(0, 1)[index]).float()
+                return at_positions(out, index).float()
 
     def _admit(self, base: Base) -> None:
         run = self.running.get(base.name)
