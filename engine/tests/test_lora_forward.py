@@ -71,7 +71,9 @@ def test_other_scalings_agree_within_rounding() -> None:
     ours, theirs = both(layer, torch.randn(3, 5, 48), bf16=False)
     assert not all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))  # another rounding
     for a, b in zip(ours, theirs, strict=True):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+        # rounding scales with the sizes of the summed terms, not with each sum: a small entry of
+        # LoRA A's gradient (a sum over terms of hundreds) differed by 1.8e-4 on a Zen 4 CPU
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * b.abs().max().item())
 
 
 def test_disabled_adapters_and_the_mixed_path_keep_pefts_forward() -> None:
