@@ -21,24 +21,15 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from . import decode_attention
+from .decode_attention import cpu_flags
+
 DECODE_ATTENTION = "marft_sdpa"  # the name the attention override is registered under
 
 
 # CPU feature flags (as /proc/cpuinfo spells them) of native bf16 matmul instructions. Without them a
 # bf16 matmul is emulated and much slower than fp32 (docs/MEASUREMENTS.md: 45x on a Zen 3 core).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo; empty where there is none (not Linux)."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def compute_dtype(
@@ -67,6 +58,7 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
     if device.type != "cpu":
         return None
     install_decode_attention(model)
+    decode_attention.kernel()  # built (once, tens of seconds) or loaded here, not in the first decode step
     if dtype == torch.bfloat16:
         bf16_linear_weights(model)
     pack_linear_weights(model)
@@ -266,6 +258,11 @@ def attention_in_cache_dtype(
     ):
         out = explicit_attention(query, key, value, attention_mask, scaling)  # [B, H, T, D] fp32
         return out.transpose(1, 2).contiguous().to(query.dtype), None
+    if (
+        dropout == 0.0
+        and (out := decode_attention.attend(query, key, value, attention_mask, scaling)) is not None
+    ):
+        return out.to(query.dtype), None  # a CPU decode step: decode_attention.py
     with torch.autocast(query.device.type, enabled=False):
         if attention_mask is None:  # the causal cases: Hugging Face's own handling
             out, _ = sdpa_attention_forward(

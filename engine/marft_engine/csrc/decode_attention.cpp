@@ -1,0 +1,106 @@
+// Attention of a decode step on a CPU (decode_attention.py): a few query positions a row over the
+// rows' KV cache, softmax(q k^T * scale, masked) v, with each key/value head shared by its group of
+// query heads. Why a kernel of our own: PyTorch's CPU flash kernel reads a decode step's cache at
+// half the rate this does (docs/MEASUREMENTS.md); the step reads every row's keys and values once.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+// A masked score: exp(MASKED - max) is 0 beside any real score, and finite, as -ffast-math needs
+// (as precision.py's MASKED: a row with no key to attend gets a uniform softmax, not NaN).
+constexpr float MASKED = -1e30f;
+}  // namespace
+
+// q [B, H, T, D] fp32, contiguous; k, v [B, Hk, L, D] fp32 with D contiguous (views of the slot
+// cache); keep [B, T, L] bool, contiguous (true: attend). Returns [B, T, H, D] fp32.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& keep, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && keep.dim() == 3, "decode_attention: ranks");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "decode_attention: fp32 q, k, v");
+  TORCH_CHECK(keep.scalar_type() == at::kBool && keep.is_contiguous() && q.is_contiguous(),
+              "decode_attention: contiguous q and bool keep");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k, v with contiguous rows");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t Hk = k.size(1), L = k.size(2);
+  TORCH_CHECK(H % Hk == 0 && k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D,
+              "decode_attention: shapes");
+  TORCH_CHECK(keep.size(0) == B && keep.size(1) == T && keep.size(2) == L, "decode_attention: keep shape");
+  const int64_t G = H / Hk;  // query heads per key/value head: heads h*G .. h*G+G-1 read head h
+  const int64_t R = G * T;   // query rows per (row, key/value head)
+  auto out = torch::empty({B, T, H, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool* mp = keep.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  // strides read once here: a Tensor's stride() in the loops below is a call, not a constant
+  const int64_t kb_ = k.stride(0), kh_ = k.stride(1), kl_ = k.stride(2);
+  const int64_t vb_ = v.stride(0), vh_ = v.stride(1), vl_ = v.stride(2);
+  at::parallel_for(0, B * Hk, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> p(R * L), acc(R * D), mx(R), sum(R);
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / Hk, h = bh % Hk;
+      const float* kb = kp + b * kb_ + h * kh_;
+      const float* vb = vp + b * vb_ + h * vh_;
+      const bool* m = mp + b * T * L;
+      std::fill(mx.begin(), mx.end(), MASKED);
+      // scores: each key is read once, for all R query rows of its group; row r = j * T + t
+      for (int64_t l = 0; l < L; ++l) {
+        const float* kr = kb + l * kl_;
+        for (int64_t j = 0; j < G; ++j) {
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t r = j * T + t;
+            const float* qr = qp + ((b * H + h * G + j) * T + t) * D;
+            float a = 0.f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t d = 0; d < D; ++d) a += qr[d] * kr[d];
+            a = m[t * L + l] ? a * s : MASKED;  // a select, not a branch: masks have holes anywhere
+            p[r * L + l] = a;
+            mx[r] = std::max(mx[r], a);
+          }
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        float* pr = p.data() + r * L;
+        const float top = mx[r];
+        float z = 0.f;
+#pragma omp simd reduction(+ : z)
+        for (int64_t l = 0; l < L; ++l) {
+          pr[l] = std::exp(pr[l] - top);
+          z += pr[l];
+        }
+        sum[r] = z;
+      }
+      // weighted values: each value is read once, for all R rows
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t l = 0; l < L; ++l) {
+        const float* vr = vb + l * vl_;
+        for (int64_t r = 0; r < R; ++r) {
+          const float w = p[r * L + l];
+          float* ar = acc.data() + r * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ar[d] += w * vr[d];
+        }
+      }
+      for (int64_t j = 0; j < G; ++j) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t r = j * T + t;
+          float* o = op + ((b * T + t) * H + h * G + j) * D;
+          const float inv = 1.f / sum[r];
+          for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "attention of a decode step over a KV cache (CPU, fp32)");
+}

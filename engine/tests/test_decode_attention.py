@@ -1,0 +1,99 @@
+"""The decode-attention kernel (decode_attention.py) against SDPA, and where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import PARITY_TOL
+from test_speculative import sample
+
+from marft_engine import decode_attention
+from marft_engine.engine import Engine
+
+pytestmark = pytest.mark.skipif(decode_attention.kernel() is None, reason="no C++ compiler here")
+
+
+def _case(B: int, H: int, Hk: int, T: int, L: int, D: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    # keys and values as the sampler holds them: views of slot buffers wider than the batch and context
+    kbuf = torch.randn(B + 3, Hk, L + 9, D, generator=g)
+    vbuf = torch.randn(B + 3, Hk, L + 9, D, generator=g)
+    k, v = kbuf[:B, :, 4 : 4 + L], vbuf[:B, :, 4 : 4 + L]
+    q = torch.randn(B, H, T, D, generator=g) * 3  # sharp enough that the softmax is not near uniform
+    keep = torch.rand(B, 1, T, L, generator=g) > 0.3  # left padding and holes anywhere
+    keep[..., -T:] |= torch.eye(T, dtype=torch.bool)  # a query always sees itself
+    return q, k, v, keep
+
+
+@pytest.mark.parametrize(
+    ("B", "H", "Hk", "T", "L", "D"),
+    [(1, 4, 4, 1, 5, 8), (7, 9, 3, 1, 61, 64), (5, 8, 2, 4, 33, 16), (3, 6, 1, 9, 300, 32)],
+)
+def test_equals_sdpa(B: int, H: int, Hk: int, T: int, L: int, D: int) -> None:
+    q, k, v, keep = _case(B, H, Hk, T, L, D, seed=B * 100 + L)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=H != Hk)  # [B, H, T, D]
+    with torch.no_grad():
+        got = decode_attention.attend(q, k, v, keep, None)  # [B, T, H, D]
+    assert got is not None
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+    scale = 0.3
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=H != Hk, scale=scale)
+    with torch.no_grad():
+        got = decode_attention.attend(q, k, v, keep, scale)
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_a_query_with_nothing_to_attend_is_finite() -> None:
+    q, k, v, keep = _case(2, 4, 2, 1, 10, 8, seed=3)
+    keep[1] = False
+    with torch.no_grad():
+        got = decode_attention.attend(q, k, v, keep, None)
+    assert got is not None and torch.isfinite(got).all()
+    torch.testing.assert_close(got[1, 0], v[1].mean(1).repeat_interleave(2, 0))  # uniform over L
+
+
+def test_where_it_does_not_apply() -> None:
+    q, k, v, keep = _case(2, 4, 2, 2, 10, 8, seed=4)
+    with torch.no_grad():
+        assert decode_attention.attend(q, k.bfloat16(), v.bfloat16(), keep, None) is None
+        assert decode_attention.attend(q, k, v, None, None) is None
+        assert decode_attention.attend(q, k, v, keep.float(), None) is None
+        whole = torch.randn(2, 4, 10, 8)  # no cache: a pass over a whole sequence
+        assert decode_attention.attend(whole, k, v, torch.ones(2, 1, 10, 10, dtype=torch.bool), None) is None
+    assert decode_attention.attend(q, k, v, keep, None) is None  # gradients on
+    decode_attention.ENABLED = False
+    try:
+        with torch.no_grad():
+            assert decode_attention.attend(q, k, v, keep, None) is None
+    finally:
+        decode_attention.ENABLED = True
+
+
+def test_sampling_with_the_kernel_equals_sampling_with_sdpa(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy and seeded sampling, with and without drafts, over two adapters and the bare base, joins
+    and leaves: the kernel's steps give the tokens SDPA's give, log-probs within the parity tolerance."""
+    calls: list[int] = []
+    attend = decode_attention.attend
+
+    def counted(*a: object, **k: object) -> torch.Tensor | None:
+        out = attend(*a, **k)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decode_attention, "attend", counted)
+    for draft, temperature in [(0, 0.0), (0, 1.0), (4, 0.0)]:
+        with_kernel = sample(engine, draft, temperature, seed=7)
+        assert any(calls) and not all(calls)  # its decode steps took the kernel, the prefills SDPA
+        calls.clear()
+        monkeypatch.setattr(decode_attention, "ENABLED", False)
+        without = sample(engine, draft, temperature, seed=7)
+        assert not any(calls)
+        monkeypatch.setattr(decode_attention, "ENABLED", True)
+        for x, y in zip(with_kernel, without, strict=True):
+            assert x.response_ids == y.response_ids
+            torch.testing.assert_close(
+                torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=PARITY_TOL, rtol=0
+            )
