@@ -86,10 +86,8 @@ def main() -> None:
                 steps[False].clear()
                 steps[True].clear()
                 call(eng, agents, ps, args.tokens + 1)
-                off, on = (
-                    steps[False][1:],
-                    steps[True][1:],
-                )  # the first pair after the prefill dropped
+                # the first pair after the prefill dropped
+                off, on = steps[False][1:], steps[True][1:]
                 ratios += [a / b for a, b in zip(off, on, strict=False)]
                 on_ms.append(1e3 * statistics.median(on))
                 off_ms.append(1e3 * statistics.median(off))

@@ -65,6 +65,8 @@ def _name() -> str:
 def kernel() -> ModuleType | None:
     """The compiled kernel, built on first use (tens of seconds) or loaded from the cache; None where
     it cannot be built (logged once)."""
+    if _built:  # every decode step's every layer asks: no lock once settled
+        return _built[0]
     with _lock:
         if not _built:
             from torch.utils import cpp_extension  # imported when first needed: it is slow to import

@@ -1,7 +1,8 @@
 // Attention of a decode step on a CPU (decode_attention.py): a few query positions a row over the
 // rows' KV cache, softmax(q k^T * scale, masked) v, with each key/value head shared by its group of
-// query heads. Why a kernel of our own: PyTorch's CPU flash kernel reads a decode step's cache at
-// half the rate this does (docs/MEASUREMENTS.md); the step reads every row's keys and values once.
+// query heads. Why a kernel of our own: a decode step's attention is bound by reading the cache, and
+// PyTorch's CPU flash kernel read it at half the rate of a plain sum over it (docs/MEASUREMENTS.md);
+// this reads every row's keys and values once, for all the query heads that share them.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
