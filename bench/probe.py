@@ -54,7 +54,12 @@ def gemm_kernels(
     ~240 GFLOP/s on one core), so a probe of `torch.matmul` alone understates the hardware."""
     kernels: dict[str, Callable[[], torch.Tensor]] = {"matmul": lambda: a @ b.T}
     if a.device.type == "cpu" and torch.backends.mkldnn.is_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b, a.shape[0])
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(b, a.shape[0])
+        except (
+            RuntimeError
+        ):  # no oneDNN kernel of this dtype for this CPU (bf16 without AVX512)
+            return kernels
         kernels["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(
             a, packed, None, "none", [], ""
         )

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 from peft.tuners.lora import layer as lora_layer
 
-from . import precision
+from . import precision, unpad
 
 _epoch = 0
 _all_changed = 0  # the epoch at which every adapter's weights last may have changed
@@ -134,8 +134,10 @@ def _mixed_batch_forward(
     xa = precision.linear(x, A, A_packed)  # [B, T, n r]
     if len(names) > 1 or names[0] not in slot:  # rows of several adapters, or some without one here
         n = len(slot)
-        keep = _row_choice(adapter_names, slot, x.device, dtype)  # [B, n]
-        xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep[:, None, :, None]).view(xa.shape)
+        keep = _row_choice(adapter_names, slot, x.device, dtype)[:, None]  # [B, 1, n]
+        if (lay := unpad.layout()) is not None:  # x [1, N, d_in]: the rows' tokens end to end
+            keep = keep.repeat_interleave(torch.tensor(lay.lengths, device=x.device), dim=0).view(1, -1, n)
+        xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep[..., None]).view(xa.shape)
     out = precision.linear(xa, B, B_packed)  # [B, T, d_out]
     return result + out.to(result.dtype)
 
@@ -250,17 +252,23 @@ def _train_rows_forward(
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     runs = _runs()
+    # a run's rows, or in a pass over real tokens only (x [1, N, d_in], unpad.py) its rows' tokens
+    lay = unpad.layout()
+    dim = 0 if lay is None else 1
+    sizes = [n if lay is None else sum(lay.lengths[s : s + n]) for _, s, n in runs]
     parts: list[torch.Tensor] = []
     # split, not narrow: split's backward joins the pieces' gradients once, where each narrow's
     # backward writes its piece into a zero tensor the size of x
-    for (a, _, n), sub in zip(runs, x.split([n for _, _, n in runs]), strict=True):  # sub [n, T, d_in]
+    for (a, _, _), size, sub in zip(runs, sizes, x.split(sizes, dim), strict=True):  # sub [n, T, d_in]
         if a not in self.lora_A:  # __base__ rows, or an adapter without LoRA on this layer
-            parts.append(result.new_zeros((n, *result.shape[1:])))
+            shape = list(result.shape)
+            shape[dim] = size
+            parts.append(result.new_zeros(shape))
             continue
         if a in self.lora_variant:
             raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
         parts.append(_lora_term(self, a, sub).to(result.dtype))
-    return result + (parts[0] if len(parts) == 1 else torch.cat(parts))  # [B, T, d_out]
+    return result + (parts[0] if len(parts) == 1 else torch.cat(parts, dim))  # [B, T, d_out]
 
 
 def install() -> None:

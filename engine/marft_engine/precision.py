@@ -21,7 +21,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import decode_attention
+from . import decode_attention, unpad
 from .decode_attention import cpu_flags
 
 DECODE_ATTENTION = "marft_sdpa"  # the name the attention override is registered under
@@ -230,6 +230,28 @@ MASKED = -1e30
 
 
 def attention_in_cache_dtype(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, T, D]
+    key: torch.Tensor,  # [B, H_kv, L, D]
+    value: torch.Tensor,  # [B, H_kv, L, D]
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """`_attention`, and in a pass over a micro-batch's real tokens only (unpad.py), with the
+    tokens put back into their padded rows around it: query [1, H, N, D] and so on, attention_mask
+    the padded layout's [B, 1, T, T]. Returns ([B, T, H, D], None), [1, N, H, D] unpadded."""
+    lay = unpad.layout()
+    if lay is None:
+        return _attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    out, _ = _attention(
+        module, lay.pad(query), lay.pad(key), lay.pad(value), lay.mask, dropout, scaling, **kwargs
+    )  # [B, T, H, D]
+    return lay.unpad(out), None
+
+
+def _attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, H, T, D]
     key: torch.Tensor,  # [B, H_kv, L, D]

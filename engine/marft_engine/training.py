@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from . import lora_batch, losses
+from . import lora_batch, losses, unpad
 from .errors import BadRequest
 from .registry import Adapter, Base, Registry
 from .schemas import (
@@ -134,6 +134,14 @@ def inputs(base: Base, data: list[Datum], idx: list[int]) -> tuple[torch.Tensor,
     return ids.to(base.device), mask.to(base.device)
 
 
+def trunk(base: Base, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden state [B, T, d] of right-padded ids and their mask [B, T]: on a CPU base over
+    the real tokens only (unpad.py), elsewhere the plain padded pass."""
+    if base.device.type == "cpu" and unpad.applies(base.hf.config):
+        return unpad.trunk(base.hf.model, ids, mask)
+    return base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+
+
 def token_scores(
     base: Base, ids: torch.Tensor, mask: torch.Tensor, w: torch.Tensor, temperature: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +160,7 @@ def token_scores(
     sel = w > 0  # [B, T]
     sel[:, 0] = False  # position 0 predicts nothing
     with base.autocast():
-        hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        hidden = trunk(base, ids, mask)  # [B, T, d]
         logits = base.hf.lm_head(hidden[:, :-1][sel[:, 1:]])  # [N, V]: the state before each token
     t = temperature[:, None].expand(sel.shape)[sel][:, None] if per_row else temperature  # type: ignore[index]
     logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], t)  # type: ignore[arg-type]  # [N], [N]
@@ -163,7 +171,7 @@ def values(base: Base, adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor) 
     """values[b, t] = V(tokens[b, : t + 1]) [B, T] from the last (final-norm) hidden state."""
     assert adapter.value_head is not None
     with base.autocast():
-        hidden = base.hf.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        hidden = trunk(base, ids, mask)  # [B, T, d]
     return adapter.value_head(hidden.float()).squeeze(-1)  # [B, T]
 
 

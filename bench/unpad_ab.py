@@ -1,0 +1,121 @@
+"""Training and forward passes over real tokens only (unpad.py) against padded ones, in one process:
+one engine, `unpad.ENABLED` switched in turn around each call, so each pair of calls shares the
+machine's state of the moment. Calls: PPO `forward_backward` on 8 rows of the demo's shapes (60-100
+prompt tokens, 12-20 answer tokens: 16% of a padded micro-batch is padding), `forward` over the same
+rows, and a critic's `forward` (values) over 32 such rows. Asserts that the two sides agree within
+fp32 rounding (the loss, every gradient, every log-prob and value).
+
+    .venv/bin/python bench/unpad_ab.py [--reps 7] [--dtypes float32,bfloat16]
+        [--source pkg:smollm2-135m-instruct] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from marft_engine import unpad
+from marft_engine.engine import Engine
+from marft_engine.schemas import (
+    AdapterCreate,
+    BaseCreate,
+    ForwardBackwardRequest,
+    ForwardRequest,
+    LoraConfig,
+)
+from probe import ab_arguments, demo_data, paired_speedup, write_figures
+from speed_bench import SMOL, TARGETS, add_adapters
+
+
+def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
+    eng = Engine(device="cpu", max_batch=64)
+    eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))
+    (name,) = add_adapters(eng, "s", "t", 1)
+    eng.create_adapter(
+        AdapterCreate(
+            name="critic",
+            base="s",
+            kind="critic",
+            lora=LoraConfig(r=16, alpha=32, target_modules=TARGETS),
+        )
+    )
+    data = demo_data(eng.bases["s"].vocab_size, 8, 10)
+    many = demo_data(eng.bases["s"].vocab_size, 32, 11)
+    params = eng.adapters[name].params
+
+    def fb() -> list[torch.Tensor]:
+        out = eng.forward_backward(
+            ForwardBackwardRequest(adapter=name, loss="ppo", data=data)
+        )
+
+        def take() -> list[torch.Tensor]:
+            g = [torch.tensor([out.loss])] + [
+                p.grad.clone() for p in params if p.grad is not None
+            ]
+            for p in params:
+                p.grad = None
+            return g
+
+        return eng.compute.call(take)
+
+    def logprobs() -> list[torch.Tensor]:
+        return [
+            torch.tensor(r.logprobs or [])
+            for r in eng.forward(ForwardRequest(adapter=name, data=data)).results
+        ]
+
+    def values() -> list[torch.Tensor]:
+        return [
+            torch.tensor(r.values or [])
+            for r in eng.forward(ForwardRequest(adapter="critic", data=many)).results
+        ]
+
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    res: dict[str, float] = {}
+    calls: dict[str, Callable[[], list[torch.Tensor]]] = {
+        "forward_backward": fb,
+        "forward": logprobs,
+        "critic_forward": values,
+    }
+    for label, run in calls.items():
+        padded: list[float] = []
+        real: list[float] = []
+        for _ in range(reps + 1):  # the first round warms up
+            sides = []
+            for flag, times in ((False, padded), (True, real)):
+                unpad.ENABLED = flag
+                t = time.perf_counter()
+                sides.append(run())
+                times.append(time.perf_counter() - t)
+            unpad.ENABLED = True
+            for a, b in zip(*sides, strict=True):
+                assert float((a - b).norm()) <= tol * float(b.norm()) + 1e-9, (
+                    f"{dtype} {label}: the sides differ"
+                )
+        padded, real = padded[1:], real[1:]
+        res[f"{label}_padded_s"] = statistics.median(padded)
+        res[f"{label}_unpadded_s"] = statistics.median(real)
+        res[f"{label}_speedup"] = paired_speedup(padded, real)
+        print(
+            f"{dtype} {label}: padded {[round(x, 3) for x in padded]} unpadded {[round(x, 3) for x in real]}",
+            flush=True,
+        )
+    eng.close()
+    return res
+
+
+def main() -> None:
+    args = ab_arguments(__doc__ or "", SMOL).parse_args()
+    torch.set_num_threads(1)
+    res: dict[str, float] = {}
+    for dtype in args.dtypes.split(","):
+        res |= {
+            f"{dtype}_{k}": v for k, v in compare(dtype, args.source, args.reps).items()
+        }
+    write_figures(res, args.out)
+
+
+if __name__ == "__main__":
+    main()
