@@ -2,8 +2,9 @@
 one engine, `unpad.ENABLED` switched in turn around each call, so each pair of calls shares the
 machine's state of the moment. Calls: PPO `forward_backward` on 8 rows of the demo's shapes (60-100
 prompt tokens, 12-20 answer tokens: 16% of a padded micro-batch is padding), `forward` over the same
-rows, and a critic's `forward` (values) over 32 such rows. Asserts that the two sides agree within
-fp32 rounding (the loss, every gradient, every log-prob and value).
+rows, a critic's `forward` (values) over 32 such rows, and a prefill: 16 prompts of 100-500 tokens
+over 4 adapters, as a rollout's later agents read the earlier answers (one greedy token). Asserts that the two sides agree within
+fp32 rounding (the loss, every gradient, every log-prob and value; the prefill's token log-probs).
 
     .venv/bin/python bench/unpad_ab.py [--reps 7] [--dtypes float32,bfloat16]
         [--source pkg:smollm2-135m-instruct] [--out F.json]
@@ -24,6 +25,9 @@ from marft_engine.schemas import (
     ForwardBackwardRequest,
     ForwardRequest,
     LoraConfig,
+    SampleBatch,
+    SampleRequest,
+    SamplingParams,
 )
 from probe import ab_arguments, demo_data, paired_speedup, write_figures
 from speed_bench import SMOL, TARGETS, add_adapters
@@ -66,6 +70,24 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
             for r in eng.forward(ForwardRequest(adapter=name, data=data)).results
         ]
 
+    g = torch.Generator().manual_seed(12)
+    prompts = [
+        torch.randint(
+            0, 32000, (int(torch.randint(100, 501, (1,), generator=g)),), generator=g
+        ).tolist()
+        for _ in range(16)
+    ]
+    agents = [*add_adapters(eng, "s", "p", 4)]
+
+    def prefill() -> list[torch.Tensor]:
+        sp = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
+        reqs = [
+            SampleRequest(adapter=agents[i % 4], base="s", prompt_ids=p, sampling=sp)
+            for i, p in enumerate(prompts)
+        ]
+        res = eng.sample(SampleBatch(requests=reqs)).results
+        return [torch.tensor(r.completions[0].logprobs) for r in res]
+
     def values() -> list[torch.Tensor]:
         return [
             torch.tensor(r.values or [])
@@ -78,6 +100,7 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
         "forward_backward": fb,
         "forward": logprobs,
         "critic_forward": values,
+        "prefill": prefill,
     }
     for label, run in calls.items():
         padded: list[float] = []

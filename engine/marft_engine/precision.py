@@ -245,8 +245,10 @@ def attention_in_cache_dtype(
     lay = unpad.layout()
     if lay is None:
         return _attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if key.shape[0] != lay.B:  # not yet padded: a pass without a cache (a prefill's cache pads them)
+        key, value = lay.pad(key), lay.pad(value)
     out, _ = _attention(
-        module, lay.pad(query), lay.pad(key), lay.pad(value), lay.mask, dropout, scaling, **kwargs
+        module, lay.pad(query), key, value, lay.mask, dropout, scaling, **kwargs
     )  # [B, T, H, D]
     return lay.unpad(out), None
 

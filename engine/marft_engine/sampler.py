@@ -19,6 +19,7 @@ attention in fp32 (see precision.py).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import time
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import lora_batch
+from . import lora_batch, unpad
 from .errors import BadRequest, Conflict
 from .kv_cache import KV, Running, Spans, layers_of
 from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
@@ -318,7 +319,9 @@ class Sampler:
             mask[i, C + S - s :] = 1
             pos[i, S - s :] = torch.arange(c, c + s)
         dev = base.device
-        past = DynamicCache()
+        # over the real tokens only where it applies (unpad.py; PEFT's own per-row path takes rows)
+        real = unpad.prefill(base.hf, ids, mask, pos) if lora_batch.rows_supported(base.hf) else None
+        past = DynamicCache() if real is None else unpad.PaddingCache()
         if C > 0:
             like = next(chain[0] for chain in chains if chain)
             L, H, _, D = like.k.shape
@@ -328,16 +331,12 @@ class Sampler:
                 for j, node in enumerate(chain):
                     kp[:, i, :, C - c + j * BLOCK : C - c + (j + 1) * BLOCK] = node.k
                     vp[:, i, :, C - c + j * BLOCK : C - c + (j + 1) * BLOCK] = node.v
-            past = DynamicCache(ddp_cache_data=[(kp[li], vp[li]) for li in range(L)])
-        logits = self._model_call(
-            base,
-            input_ids=ids.to(dev),
-            attention_mask=mask.to(dev),
-            position_ids=pos.to(dev),
-            past_key_values=past,
-            use_cache=True,
-            adapter_names=[a for a, _ in prompts],
-        )
+            past = type(past)(ddp_cache_data=[(kp[li], vp[li]) for li in range(L)])
+        kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos} if real is None else real[1]
+        last = None if real is None else real[2]  # each row's last token among the real ones
+        with contextlib.nullcontext() if real is None else unpad.laid_out(real[0]):
+            kw = {k: v.to(dev) for k, v in kw.items()} | {"past_key_values": past, "use_cache": True}
+            logits = self._model_call(base, [a for a, _ in prompts], last, **kw)
         kv = layers_of(past)
         spans = [
             ([(C - c, C)] if c else []) + [(C + S - s, C + S)] for c, s in zip(cached, rest, strict=True)

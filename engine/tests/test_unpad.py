@@ -9,7 +9,8 @@ from typing import TypeVar
 
 import pytest
 import torch
-from helpers import TARGETS, add_policy, perturb, ppo_data
+from helpers import PARITY_TOL, TARGETS, add_policy, perturb, ppo_data
+from test_speculative import sample
 from transformers import AutoConfig
 
 from marft_engine import unpad
@@ -162,3 +163,48 @@ def test_it_applies_only_where_every_layer_attends_over_the_whole_row() -> None:
     assert not unpad.applies(gemma)
     full = AutoConfig.for_model("gemma3_text", layer_types=["full_attention"] * 4, num_hidden_layers=4)
     assert unpad.applies(full)
+
+
+@pytest.mark.parametrize("cache_mb", [0, 4])
+def test_a_prefill_over_real_tokens_samples_what_a_padded_one_does(
+    cache_mb: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts of several lengths over two adapters and the bare base, greedy and seeded, with and
+    without drafts, joins and leaves; with the prefix cache, prefills after cached columns too. The
+    same tokens, log-probs within the parity tolerance, and the prefills took real tokens only."""
+    e = Engine(device="cpu", max_batch=64)
+    try:
+        e.create_base(
+            BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32", prefix_cache_mb=cache_mb)
+        )
+        add_policy(e, "A", seed=1)
+        add_policy(e, "B", seed=2)
+        packed: list[bool] = []
+        after_cache: list[bool] = []  # real-only prefills after cached columns
+        prefill = unpad.prefill
+
+        def counted(
+            model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
+        ) -> object:
+            out = prefill(model, ids, mask, pos)
+            packed.append(out is not None)
+            after_cache.append(out is not None and mask.shape[1] > ids.shape[1])
+            return out
+
+        monkeypatch.setattr(unpad, "prefill", counted)
+        for draft, temperature in [(0, 0.0), (0, 1.0), (4, 0.0)]:
+            real = sample(e, draft, temperature, seed=7)
+            assert any(packed)
+            packed.clear()
+            monkeypatch.setattr(unpad, "ENABLED", False)
+            padded = sample(e, draft, temperature, seed=7)
+            monkeypatch.setattr(unpad, "ENABLED", True)
+            assert not any(packed)
+            for x, y in zip(real, padded, strict=True):
+                assert x.response_ids == y.response_ids
+                torch.testing.assert_close(
+                    torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=PARITY_TOL, rtol=0
+                )
+        assert any(after_cache) == bool(cache_mb)
+    finally:
+        e.close()
