@@ -17,7 +17,7 @@ differ in length by hundreds of tokens.
 
 It applies to a CPU base (which attends through the engine's override, precision.place) whose layers
 all attend causally over the whole row: a sliding-window layer would need its own mask, which the
-padded layout's mask here is not.
+padded layout's mask here is not. `MARFT_UNPAD=0` in the environment turns it off.
 """
 
 from __future__ import annotations
