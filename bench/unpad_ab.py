@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from marft_engine import unpad
+from marft_engine import precision, unpad
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     AdapterCreate,
@@ -133,7 +133,11 @@ def main() -> None:
     args = ab_arguments(__doc__ or "", SMOL).parse_args()
     torch.set_num_threads(1)
     res: dict[str, float] = {}
-    for dtype in args.dtypes.split(","):
+    dtypes = args.dtypes.split(",")
+    if "bfloat16" in dtypes and not precision.native_bf16():
+        print("unpad_ab: no native bf16 on this CPU; fp32 only")
+        dtypes.remove("bfloat16")
+    for dtype in dtypes:
         res |= {
             f"{dtype}_{k}": v for k, v in compare(dtype, args.source, args.reps).items()
         }
