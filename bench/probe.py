@@ -272,6 +272,28 @@ def paired_speedup(before: list[float], after: list[float]) -> float:
     return statistics.median(b / a for b, a in zip(before, after, strict=True))
 
 
+def paired_figures(
+    dtype: str,
+    label: str,
+    sides: tuple[str, str],
+    before: list[float],
+    after: list[float],
+) -> dict[str, float]:
+    """An in-process A/B's figures from its rounds' seconds (the first round, a warm-up, dropped):
+    each side's median and the paired speedup, named `label_side_s` and `label_speedup`; prints
+    the rounds."""
+    before, after = before[1:], after[1:]
+    print(
+        f"{dtype} {label}: {sides[0]} {[round(x, 3) for x in before]} {sides[1]} {[round(x, 3) for x in after]}",
+        flush=True,
+    )
+    return {
+        f"{label}_{sides[0]}_s": statistics.median(before),
+        f"{label}_{sides[1]}_s": statistics.median(after),
+        f"{label}_speedup": paired_speedup(before, after),
+    }
+
+
 def write_figures(res: dict[str, float], out: str | None) -> None:
     """Print the figures by name; write them to `out` as JSON where given."""
     for k, v in sorted(res.items()):

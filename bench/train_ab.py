@@ -16,7 +16,6 @@ give the same bits, which this script asserts: the loss, every gradient and ever
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Iterator
 
@@ -24,7 +23,7 @@ import torch
 from marft_engine import lora_batch, precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import BaseCreate, ForwardBackwardRequest, ForwardRequest
-from probe import ab_arguments, demo_data, paired_speedup, write_figures
+from probe import ab_arguments, demo_data, paired_figures, write_figures
 from speed_bench import SMOL, add_adapters
 
 
@@ -117,14 +116,7 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
             ), f"{dtype} {label}: the two variants gave different bits"
             old.append(a)
             new.append(b)
-        old, new = old[1:], new[1:]
-        res[f"{label}_previous_s"] = statistics.median(old)
-        res[f"{label}_new_s"] = statistics.median(new)
-        res[f"{label}_speedup"] = paired_speedup(old, new)
-        print(
-            f"{dtype} {label}: previous {[round(x, 3) for x in old]} new {[round(x, 3) for x in new]}",
-            flush=True,
-        )
+        res |= paired_figures(dtype, label, ("previous", "new"), old, new)
     eng.close()
     return res
 

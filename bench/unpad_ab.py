@@ -12,7 +12,6 @@ fp32 rounding (the loss, every gradient, every log-prob and value; the prefill's
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
@@ -29,7 +28,7 @@ from marft_engine.schemas import (
     SampleRequest,
     SamplingParams,
 )
-from probe import ab_arguments, demo_data, paired_speedup, write_figures
+from probe import ab_arguments, demo_data, paired_figures, write_figures
 from speed_bench import SMOL, TARGETS, add_adapters
 
 
@@ -71,12 +70,11 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
         ]
 
     g = torch.Generator().manual_seed(12)
-    prompts = [
-        torch.randint(
-            0, 32000, (int(torch.randint(100, 501, (1,), generator=g)),), generator=g
-        ).tolist()
-        for _ in range(16)
-    ]
+    vocab = min(32000, eng.bases["s"].vocab_size)
+    prompts = []
+    for _ in range(16):
+        n = int(torch.randint(100, 501, (1,), generator=g))
+        prompts.append(torch.randint(0, vocab, (n,), generator=g).tolist())
     agents = [*add_adapters(eng, "s", "p", 4)]
 
     def prefill() -> list[torch.Tensor]:
@@ -117,14 +115,7 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
                 assert float((a - b).norm()) <= tol * float(b.norm()) + 1e-9, (
                     f"{dtype} {label}: the sides differ"
                 )
-        padded, real = padded[1:], real[1:]
-        res[f"{label}_padded_s"] = statistics.median(padded)
-        res[f"{label}_unpadded_s"] = statistics.median(real)
-        res[f"{label}_speedup"] = paired_speedup(padded, real)
-        print(
-            f"{dtype} {label}: padded {[round(x, 3) for x in padded]} unpadded {[round(x, 3) for x in real]}",
-            flush=True,
-        )
+        res |= paired_figures(dtype, label, ("padded", "unpadded"), padded, real)
     eng.close()
     return res
 
