@@ -231,25 +231,22 @@ MASKED = -1e30
 
 def attention_in_cache_dtype(
     module: torch.nn.Module,
-    query: torch.Tensor,  # [B, H, T, D]
-    key: torch.Tensor,  # [B, H_kv, L, D]
-    value: torch.Tensor,  # [B, H_kv, L, D]
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """`_attention`, and in a pass over a micro-batch's real tokens only (unpad.py), with the
-    tokens put back into their padded rows around it: query [1, H, N, D] and so on, attention_mask
-    the padded layout's [B, 1, T, T]. Returns ([B, T, H, D], None), [1, N, H, D] unpadded."""
+    """`_attention` (its arguments), and in a pass over real tokens only (unpad.py) with the tokens
+    put back into their padded rows around it: query [1, H, N, D] (key and value too, unless a
+    prefill's cache padded them), attention_mask ignored for the layout's [B, 1, T, L]. Returns
+    ([B, T, H, D], None), or ([1, N, H, D], None) unpadded."""
     lay = unpad.layout()
     if lay is None:
-        return _attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if key.shape[0] != lay.B:  # not yet padded: a pass without a cache (a prefill's cache pads them)
+        return _attention(module, query, key, value, attention_mask, **kwargs)  # type: ignore[arg-type]
+    if key.shape[0] != lay.B:
         key, value = lay.pad(key), lay.pad(value)
-    out, _ = _attention(
-        module, lay.pad(query), key, value, lay.mask, dropout, scaling, **kwargs
-    )  # [B, T, H, D]
+    out, _ = _attention(module, lay.pad(query), key, value, lay.mask, **kwargs)  # type: ignore[arg-type]
     return lay.unpad(out), None
 
 
