@@ -17,11 +17,11 @@ import statistics
 import time
 
 import torch
-from marft_engine import decode_attention, precision
+from marft_engine import decode_attention
 from marft_engine.engine import Engine
 from marft_engine.sampler import Sampler
 from marft_engine.schemas import BaseCreate, SampleBatch, SampleRequest, SamplingParams
-from probe import ab_arguments, problems, prompts_of, write_figures
+from probe import ab_arguments, ab_dtypes, problems, prompts_of, write_figures
 from speed_bench import SMOL, add_adapters
 
 
@@ -51,10 +51,7 @@ def main() -> None:
         raise SystemExit(
             "attention_ab: the kernel could not be built here (see the warning above)"
         )
-    dtypes = args.dtypes.split(",")
-    if "bfloat16" in dtypes and not precision.native_bf16():
-        print("attention_ab: no native bf16 on this CPU; fp32 only")
-        dtypes.remove("bfloat16")
+    dtypes = ab_dtypes(args.dtypes, "attention_ab")
 
     # every decode step of the sampler, timed, with the kernel on at odd steps
     steps: dict[bool, list[float]] = {False: [], True: []}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from marft_engine import precision
 from marft_engine.schemas import Datum
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -264,6 +265,16 @@ def ab_arguments(doc: str, source: str) -> argparse.ArgumentParser:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--out", default=None)
     return ap
+
+
+def ab_dtypes(dtypes: str, script: str) -> list[str]:
+    """The --dtypes of an A/B script, less bf16 where the CPU has no native bf16 (said so): there it
+    runs dozens of times slower than fp32, which nobody would run."""
+    out = dtypes.split(",")
+    if "bfloat16" in out and not precision.native_bf16():
+        print(f"{script}: no native bf16 on this CPU; fp32 only")
+        out.remove("bfloat16")
+    return out
 
 
 def paired_speedup(before: list[float], after: list[float]) -> float:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from marft_engine import precision, unpad
+from marft_engine import unpad
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     AdapterCreate,
@@ -28,7 +28,7 @@ from marft_engine.schemas import (
     SampleRequest,
     SamplingParams,
 )
-from probe import ab_arguments, demo_data, paired_figures, write_figures
+from probe import ab_arguments, ab_dtypes, demo_data, paired_figures, write_figures
 from speed_bench import SMOL, TARGETS, add_adapters
 
 
@@ -124,11 +124,7 @@ def main() -> None:
     args = ab_arguments(__doc__ or "", SMOL).parse_args()
     torch.set_num_threads(1)
     res: dict[str, float] = {}
-    dtypes = args.dtypes.split(",")
-    if "bfloat16" in dtypes and not precision.native_bf16():
-        print("unpad_ab: no native bf16 on this CPU; fp32 only")
-        dtypes.remove("bfloat16")
-    for dtype in dtypes:
+    for dtype in ab_dtypes(args.dtypes, "unpad_ab"):
         res |= {
             f"{dtype}_{k}": v for k, v in compare(dtype, args.source, args.reps).items()
         }

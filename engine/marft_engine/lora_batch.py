@@ -136,7 +136,7 @@ def _mixed_batch_forward(
         n = len(slot)
         keep = _row_choice(adapter_names, slot, x.device, dtype)[:, None]  # [B, 1, n]
         if (lay := unpad.layout()) is not None:  # x [1, N, d_in]: the rows' tokens end to end
-            keep = keep.repeat_interleave(torch.tensor(lay.lengths, device=x.device), dim=0).view(1, -1, n)
+            keep = keep[lay.rows].view(1, -1, n)  # [1, N, n]: each token its row's
         xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep[..., None]).view(xa.shape)
     out = precision.linear(xa, B, B_packed)  # [B, T, d_out]
     return result + out.to(result.dtype)

@@ -43,6 +43,7 @@ class Layout:
     B: int
     T: int
     lengths: list[int]  # [B] each row's real tokens (a row's tokens are consecutive in [1, N])
+    rows: torch.Tensor  # [N] each real token's row
     mask: torch.Tensor  # [B, 1, T, L] bool, True = attend: causal, and real keys only
 
     @staticmethod
@@ -50,7 +51,7 @@ class Layout:
         """The layout of the real tokens keep [B, T] (bool) under the attention mask [B, 1, T, L]."""
         B, T = keep.shape
         at = keep.view(-1).nonzero().squeeze(1)  # [N]
-        return Layout(at=at, B=B, T=T, lengths=keep.sum(1).tolist(), mask=mask)
+        return Layout(at=at, B=B, T=T, lengths=keep.sum(1).tolist(), rows=at // T, mask=mask)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[1, H, N, D] -> [B, H, T, D], zero at padding."""
