@@ -36,6 +36,13 @@ from .shards import CallTotals, value_summary
 
 # Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches).
 LOGITS_BUDGET = 2**25
+# Why the next two: glibc maps allocations over 32 MB fresh from the kernel every time (and trims its
+# heap after large frees), so a CPU pass with tensors that large faults in new pages on every call:
+# 2 million a call for 8192-token micro-batches, a fifth of the time (docs/MEASUREMENTS.md).
+HEAD_ROWS = 64  # positions the LM head and its softmax take at a time (12.6 MB of fp32 logits)
+# on a CPU, a training micro-batch's tokens x its base's widest layer x 4 bytes (`token_budget`:
+# 2730 tokens for SmolLM2's 1536-wide MLP)
+CPU_ACTIVATION_BYTES = 2**24
 
 
 @contextlib.contextmanager
@@ -79,6 +86,20 @@ def validate_data(base: Base, data: list[Datum], need: list[str]) -> None:
                 raise BadRequest(f"data[{i}].{key}: required by this loss")
         if d.weights is not None and d.weights[0] != 0:
             raise BadRequest(f"data[{i}].weights[0]: must be 0 (token 0 has no prediction)")
+
+
+def token_budget(base: Base, budget: int) -> int:
+    """A training call's micro-batch token budget: on a CPU, at most CPU_ACTIVATION_BYTES of the base's
+    widest layer (hidden, MLP or query width) in fp32. Passes without gradients free each layer's
+    tensors as they go, and capping them measured no gain."""
+    if base.device.type != "cpu":
+        return budget
+    cfg = base.hf.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    widest = max(
+        cfg.hidden_size, getattr(cfg, "intermediate_size", 0) or 0, cfg.num_attention_heads * head_dim
+    )
+    return max(1, min(budget, CPU_ACTIVATION_BYTES // (4 * widest)))
 
 
 def micro_batches(data: list[Datum], budget: int, base: Base, critic: bool) -> list[list[int]]:
@@ -161,10 +182,19 @@ def token_scores(
     sel[:, 0] = False  # position 0 predicts nothing
     with base.autocast():
         hidden = trunk(base, ids, mask)  # [B, T, d]
-        logits = base.hf.lm_head(hidden[:, :-1][sel[:, 1:]])  # [N, V]: the state before each token
+    states = hidden[:, :-1][sel[:, 1:]]  # [N, d]: the state before each selected token
+    tokens = ids[sel]  # [N]
     t = temperature[:, None].expand(sel.shape)[sel][:, None] if per_row else temperature  # type: ignore[index]
-    logp, ent = losses.selected_logprobs_and_entropies(logits, ids[sel], t)  # type: ignore[arg-type]  # [N], [N]
-    return losses.scatter_selected(logp, sel), losses.scatter_selected(ent, sel)
+    logp: list[torch.Tensor] = []
+    ent: list[torch.Tensor] = []
+    for s in range(0, len(tokens), HEAD_ROWS):  # HEAD_ROWS positions at a time: small allocations
+        with base.autocast():
+            logits = base.hf.lm_head(states[s : s + HEAD_ROWS])  # [n, V]
+        ts = t[s : s + HEAD_ROWS] if per_row else t  # type: ignore[index]
+        lp, en = losses.selected_logprobs_and_entropies(logits, tokens[s : s + HEAD_ROWS], ts)  # type: ignore[arg-type]  # [n], [n]
+        logp.append(lp)
+        ent.append(en)
+    return losses.scatter_selected(torch.cat(logp), sel), losses.scatter_selected(torch.cat(ent), sel)
 
 
 def values(base: Base, adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -427,7 +457,8 @@ def forward_backward(
     base, data = call.base, body.data
     st = CallStats()
     total_loss = 0.0
-    groups = micro_batches(data, body.micro_batch_tokens, base, critic=call.loss.trains == "critic")
+    budget = token_budget(base, body.micro_batch_tokens)
+    groups = micro_batches(data, budget, base, critic=call.loss.trains == "critic")
     for idx in groups:
         ids, mask = inputs(base, data, idx)
         w = pad(base, data, idx, "weights")  # [B, T]

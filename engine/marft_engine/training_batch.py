@@ -93,7 +93,7 @@ def _fused(base: Base, calls: list[Call]) -> tuple[list[ForwardBackwardResponse]
     items = [(c, i) for c, call in enumerate(calls) for i in range(len(call.body.data))]
     items.sort(key=lambda ci: -len(calls[ci[0]].body.data[ci[1]].tokens))  # longest first: less padding
     data: list[Datum] = [calls[c].body.data[i] for c, i in items]
-    budget = min(call.body.micro_batch_tokens for call in calls)
+    budget = training.token_budget(base, min(call.body.micro_batch_tokens for call in calls))
     groups = training.micro_batches(data, budget, base, critic=False)
     stats = [CallStats() for _ in calls]
     totals = [0.0] * len(calls)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import add_policy, ppo_data, seqs, snapshot
 
-from marft_engine import losses
+from marft_engine import losses, training
 from marft_engine.engine import Engine
 from marft_engine.errors import EngineError
 from marft_engine.models import load_tiny
@@ -143,14 +143,19 @@ def test_head_on_weighted_positions_only_equals_full_logits(
         return r.loss, r.stats, g
 
     fast = run()
+    monkeypatch.setattr(training, "HEAD_ROWS", 4)  # the head over 4 positions at a time
+    chunked = run()
     assert engine.bases["b"].plain_head  # tiny:llama takes the selective path...
     monkeypatch.setattr(engine.bases["b"], "plain_head", False)  # ...and now the full-logits one
     full = run()
-    assert fast[0] == pytest.approx(full[0], rel=1e-5, abs=1e-7)
-    for k in ("entropy", "kl_ref", "approx_kl", "clipfrac"):
-        assert fast[1][k] == pytest.approx(full[1][k], rel=1e-4, abs=1e-7), k
-    for a, b in zip(fast[2], full[2], strict=True):
-        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+    scored = sum(1 for d in data for w in (d.weights or [])[1:] if w > 0)
+    assert scored > 2 * training.HEAD_ROWS  # several pieces
+    for part in (fast, chunked):
+        assert part[0] == pytest.approx(full[0], rel=1e-5, abs=1e-7)
+        for k in ("entropy", "kl_ref", "approx_kl", "clipfrac"):
+            assert part[1][k] == pytest.approx(full[1][k], rel=1e-4, abs=1e-7), k
+        for a, b in zip(part[2], full[2], strict=True):
+            assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
     assert sum(float(g.abs().sum()) for g in fast[2]) > 0
     engine.delete_adapter("sel")
 
@@ -175,3 +180,34 @@ def test_the_loss_table_covers_the_protocol(engine: Engine) -> None:
         other = "A" if loss.trains == "critic" else "C"
         with pytest.raises(EngineError, match=f"needs a {loss.trains} adapter"):
             engine.forward_backward(ForwardBackwardRequest(adapter=other, loss=name, data=data))  # type: ignore[arg-type]
+
+
+def test_a_cpu_training_micro_batch_keeps_its_widest_activation_within_the_cap(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU, a training call's micro-batches hold at most CPU_ACTIVATION_BYTES of the widest layer
+    (fp32), whatever the call's budget; a smaller budget still wins; the gradients are the uncapped
+    call's. The tiny model's cap is far above any budget."""
+    base = engine.bases["b"]
+    assert training.token_budget(base, 8192) == 8192
+    add_policy(engine, "cap", seed=13)
+    params = engine.adapters["cap"].params
+    data = ppo_data(engine, "cap", 51, n=8)
+
+    def run() -> tuple[float, list[torch.Tensor]]:
+        r = engine.forward_backward(ForwardBackwardRequest(adapter="cap", loss="ppo", data=data))
+        g = [p.grad.clone() for p in params]
+        engine.adapters["cap"].optimizer.zero_grad(set_to_none=True)
+        return r.stats["micro_batches"], g
+
+    whole = run()
+    cfg = base.hf.config
+    widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim)
+    monkeypatch.setattr(training, "CPU_ACTIVATION_BYTES", 4 * widest * 30)  # 30 tokens
+    assert training.token_budget(base, 8192) == 30
+    assert training.token_budget(base, 20) == 20
+    capped = run()
+    assert whole[0] == 1 and capped[0] > 2
+    for a, b in zip(capped[1], whole[1], strict=True):  # fp32 sums in another order
+        assert float((a - b).norm()) <= 1e-4 * float(b.norm())
+    engine.delete_adapter("cap")

@@ -63,9 +63,14 @@ def with_d(engine: Engine) -> Engine:
     return engine
 
 
-@pytest.mark.parametrize("budget", [8192, 40])  # one shared micro-batch; several, cut by a small budget
-def test_each_adapter_gets_the_gradients_of_its_own_calls(with_d: Engine, budget: int) -> None:
+# one shared micro-batch; several, cut by a small budget; the head over 3 positions at a time, so
+# its pieces cross calls of different temperatures
+@pytest.mark.parametrize(("budget", "head_rows"), [(8192, 64), (40, 64), (8192, 3)])
+def test_each_adapter_gets_the_gradients_of_its_own_calls(
+    with_d: Engine, budget: int, head_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = with_d
+    monkeypatch.setattr(training, "HEAD_ROWS", head_rows)
     cs = [c.model_copy(update={"micro_batch_tokens": budget}) for c in calls(engine)]
     grads(engine)  # start from none
     alone = [engine.forward_backward(c) for c in cs]
