@@ -29,8 +29,16 @@ from collections.abc import Callable
 import torch
 from marft_engine import training
 from marft_engine.engine import Engine
-from marft_engine.schemas import BaseCreate, ForwardBackwardRequest, ForwardRequest
-from probe import ab_arguments, ab_dtypes, demo_data, paired_figures, write_figures
+from marft_engine.schemas import BaseCreate
+from probe import (
+    ab_arguments,
+    ab_dtypes,
+    demo_data,
+    logprob_results,
+    paired_figures,
+    ppo_results,
+    write_figures,
+)
 from speed_bench import SMOL, add_adapters
 
 SMALL = (training.HEAD_ROWS, training.CPU_ACTIVATION_BYTES)
@@ -47,28 +55,12 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
     (name,) = add_adapters(eng, "s", "t", 1)
     data = demo_data(eng.bases["s"].vocab_size, 32, 10)
     many = demo_data(eng.bases["s"].vocab_size, 64, 11)
-    params = eng.adapters[name].params
 
     def fb() -> list[torch.Tensor]:
-        out = eng.forward_backward(
-            ForwardBackwardRequest(adapter=name, loss="ppo", data=data)
-        )
-
-        def take() -> list[torch.Tensor]:
-            g = [torch.tensor([out.loss])] + [
-                p.grad.clone() for p in params if p.grad is not None
-            ]
-            for p in params:
-                p.grad = None
-            return g
-
-        return eng.compute.call(take)
+        return ppo_results(eng, name, data)
 
     def logprobs() -> list[torch.Tensor]:
-        return [
-            torch.tensor(r.logprobs or [])
-            for r in eng.forward(ForwardRequest(adapter=name, data=many)).results
-        ]
+        return logprob_results(eng, name, many)
 
     tol = 1e-5 if dtype == "float32" else 2e-2
     res: dict[str, float] = {}

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 from marft_engine import precision
-from marft_engine.schemas import Datum
+from marft_engine.engine import Engine
+from marft_engine.schemas import Datum, ForwardBackwardRequest, ForwardRequest
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -303,6 +304,31 @@ def paired_figures(
         f"{label}_{sides[1]}_s": statistics.median(after),
         f"{label}_speedup": paired_speedup(before, after),
     }
+
+
+def ppo_results(eng: Engine, adapter: str, data: list[Datum]) -> list[torch.Tensor]:
+    """One PPO `forward_backward` of `adapter` on `data`: [the loss, every gradient], the gradients
+    then cleared, for an A/B script to compare its sides by."""
+    params = eng.adapters[adapter].params
+    out = eng.forward_backward(
+        ForwardBackwardRequest(adapter=adapter, loss="ppo", data=data)
+    )
+
+    def take() -> list[torch.Tensor]:
+        g = [torch.tensor([out.loss])] + [
+            p.grad.clone() for p in params if p.grad is not None
+        ]
+        for p in params:
+            p.grad = None
+        return g
+
+    return eng.compute.call(take)
+
+
+def logprob_results(eng: Engine, adapter: str, data: list[Datum]) -> list[torch.Tensor]:
+    """`forward`'s log-probs of `adapter` on `data`, one tensor a datum."""
+    res = eng.forward(ForwardRequest(adapter=adapter, data=data)).results
+    return [torch.tensor(r.logprobs or []) for r in res]
 
 
 def write_figures(res: dict[str, float], out: str | None) -> None:

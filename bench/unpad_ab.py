@@ -21,14 +21,21 @@ from marft_engine.engine import Engine
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
-    ForwardBackwardRequest,
     ForwardRequest,
     LoraConfig,
     SampleBatch,
     SampleRequest,
     SamplingParams,
 )
-from probe import ab_arguments, ab_dtypes, demo_data, paired_figures, write_figures
+from probe import (
+    ab_arguments,
+    ab_dtypes,
+    demo_data,
+    logprob_results,
+    paired_figures,
+    ppo_results,
+    write_figures,
+)
 from speed_bench import SMOL, TARGETS, add_adapters
 
 
@@ -46,28 +53,12 @@ def compare(dtype: str, source: str, reps: int) -> dict[str, float]:
     )
     data = demo_data(eng.bases["s"].vocab_size, 8, 10)
     many = demo_data(eng.bases["s"].vocab_size, 32, 11)
-    params = eng.adapters[name].params
 
     def fb() -> list[torch.Tensor]:
-        out = eng.forward_backward(
-            ForwardBackwardRequest(adapter=name, loss="ppo", data=data)
-        )
-
-        def take() -> list[torch.Tensor]:
-            g = [torch.tensor([out.loss])] + [
-                p.grad.clone() for p in params if p.grad is not None
-            ]
-            for p in params:
-                p.grad = None
-            return g
-
-        return eng.compute.call(take)
+        return ppo_results(eng, name, data)
 
     def logprobs() -> list[torch.Tensor]:
-        return [
-            torch.tensor(r.logprobs or [])
-            for r in eng.forward(ForwardRequest(adapter=name, data=data)).results
-        ]
+        return logprob_results(eng, name, data)
 
     g = torch.Generator().manual_seed(12)
     vocab = min(32000, eng.bases["s"].vocab_size)
