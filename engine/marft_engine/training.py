@@ -36,9 +36,8 @@ from .shards import CallTotals, value_summary
 
 # Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches).
 LOGITS_BUDGET = 2**25
-# Why the next two: glibc maps allocations over 32 MB fresh from the kernel every time (and trims its
-# heap after large frees), so a CPU pass with tensors that large faults in new pages on every call:
-# 2 million a call for 8192-token micro-batches, a fifth of the time (docs/MEASUREMENTS.md).
+# Why the next two (CPU only): glibc maps allocations over 32 MB fresh when its heap has no room, so
+# passes with such tensors fault in pages every call: 0.3-2 million at 8192 tokens (MEASUREMENTS.md).
 HEAD_ROWS = 64  # positions the LM head and its softmax take at a time (12.6 MB of fp32 logits)
 # on a CPU, a training micro-batch's tokens x its base's widest layer x 4 bytes (`token_budget`:
 # 2730 tokens for SmolLM2's 1536-wide MLP)
@@ -187,11 +186,12 @@ def token_scores(
     t = temperature[:, None].expand(sel.shape)[sel][:, None] if per_row else temperature  # type: ignore[index]
     logp: list[torch.Tensor] = []
     ent: list[torch.Tensor] = []
-    for s in range(0, len(tokens), HEAD_ROWS):  # HEAD_ROWS positions at a time: small allocations
+    step = HEAD_ROWS if base.device.type == "cpu" else max(1, len(tokens))  # a GPU: all at once
+    for s in range(0, len(tokens), step):
         with base.autocast():
-            logits = base.hf.lm_head(states[s : s + HEAD_ROWS])  # [n, V]
-        ts = t[s : s + HEAD_ROWS] if per_row else t  # type: ignore[index]
-        lp, en = losses.selected_logprobs_and_entropies(logits, tokens[s : s + HEAD_ROWS], ts)  # type: ignore[arg-type]  # [n], [n]
+            logits = base.hf.lm_head(states[s : s + step])  # [n, V]
+        ts = t[s : s + step] if per_row else t  # type: ignore[index]
+        lp, en = losses.selected_logprobs_and_entropies(logits, tokens[s : s + step], ts)  # type: ignore[arg-type]  # [n], [n]
         logp.append(lp)
         ent.append(en)
     return losses.scatter_selected(torch.cat(logp), sel), losses.scatter_selected(torch.cat(ent), sel)
