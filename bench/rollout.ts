@@ -58,6 +58,15 @@ export interface RolloutBenchCase {
   marftDecodeSeconds: number;
   referenceDecodeSteps: number;
   longestEpisodeTokens: number;
+  // Prompt tokens admitted and prefilled: MARFT's engine (the rest came from its prefix cache, which
+  // starts empty) and the reference's padded batches.
+  marftPromptTokens: number;
+  marftPrefillTokens: number;
+  referencePrefillTokens: number;
+  // The reference's model FLOPs over those of a sampler that pads nothing, stops each answer at its
+  // end and prefills each agent's shared prompt prefix once, on the reference's own draw: what such a
+  // sampler gains over `generate` where time is FLOPs, with no faster kernels or steps.
+  referenceWorkRatio: number;
   // Response tokens per step of prompt-lookup drafting, from MARFT's sampled text (promptLookupRate).
   promptLookupTokensPerStep: number;
   // MARFT with speculative decoding (sampling.draft_tokens = DRAFT_TOKENS, speculative.py): the same
@@ -131,10 +140,12 @@ export async function marftRollout(
   seconds: number;
   tokens: number;
   stats: RolloutStats;
+  promptTokens: number;
+  prefillTokens: number;
   longestEpisodeTokens: number;
   promptLookupTokensPerStep: number;
 }> {
-  const run = (maxTokens: number) =>
+  const run = (maxTokens: number, adapter: (a: AgentSpec) => string) =>
     rollout({
       engine: client,
       makeEnv: () => new MathEnv(agents, graph, { extract: "last-number" }),
@@ -144,7 +155,7 @@ export async function marftRollout(
         agents.map((a) => [
           a.id,
           {
-            adapter: a.id,
+            adapter: adapter(a),
             sampling: {
               temperature: TEMPERATURE,
               top_k: TOP_K,
@@ -157,18 +168,46 @@ export async function marftRollout(
       seed,
       maxConcurrentEpisodes: problems.length,
     });
-  await run(4); // warm-up, as the reference's side does (kernels for these shapes), not timed
-  const r = await run(maxNewTokens);
+  await run(4, (a) => a.id); // warm-up, as the reference's side does (kernels for these shapes), not timed
+  // Timed on fresh adapters: their prefix cache starts empty, as it does in training after every
+  // update (an entry holds one adapter's keys at one set of weights). On the warm-up's adapters the
+  // cache would already hold every agent's prompt up to the problem's end, which the reference's
+  // side has to prefill.
+  const cold = (a: AgentSpec) => `${a.id}-cold`;
+  for (const a of agents) await client.createAdapter({ name: cold(a), base: "smol" });
+  const admitted = async () => {
+    const p = (await client.stats()).prefix_cache;
+    return { prompt: p?.prompt_tokens ?? 0, prefill: p?.prefill_tokens ?? 0 };
+  };
+  const before = await admitted();
+  let r: Awaited<ReturnType<typeof run>>;
+  try {
+    r = await run(maxNewTokens, cold);
+  } finally {
+    for (const a of agents) await client.deleteAdapter(cold(a));
+  }
+  const after = await admitted();
   const turns = r.episodes.flatMap((e) => e.turns);
   return {
     seconds: r.stats.seconds,
     tokens: r.stats.tokensSampled,
     stats: r.stats,
+    promptTokens: after.prompt - before.prompt,
+    prefillTokens: after.prefill - before.prefill,
     longestEpisodeTokens: Math.max(
       ...r.episodes.map((e) => e.turns.reduce((n, t) => n + t.responseIds.length, 0)),
     ),
     promptLookupTokensPerStep: promptLookupRate(turns),
   };
+}
+
+interface ReferenceRun {
+  seconds: number;
+  tokens: number;
+  steps: number;
+  promptTokens: number;
+  prefillTokens: number; // positions its prefills computed, padding included
+  workRatio: number; // its model FLOPs over an unpadded sampler's on the same draw (reference_rollout.py)
 }
 
 function referenceRollout(
@@ -179,7 +218,7 @@ function referenceRollout(
   modelDir: string,
   seed: number,
   dtype: (typeof REFERENCE_DTYPES)[number],
-): { seconds: number; tokens: number; steps: number } {
+): ReferenceRun {
   const dir = mkdtempSync(join(tmpdir(), "marft-bench-"));
   const spec = join(dir, "spec.json");
   writeFileSync(
@@ -204,8 +243,19 @@ function referenceRollout(
     seconds: number;
     response_tokens: number;
     decode_steps: number;
+    prompt_tokens: number;
+    prefill_tokens: number;
+    flops: number;
+    flops_unpadded: number;
   };
-  return { seconds: r.seconds, tokens: r.response_tokens, steps: r.decode_steps };
+  return {
+    seconds: r.seconds,
+    tokens: r.response_tokens,
+    steps: r.decode_steps,
+    promptTokens: r.prompt_tokens,
+    prefillTokens: r.prefill_tokens,
+    workRatio: r.flops / r.flops_unpadded,
+  };
 }
 
 /**
@@ -231,6 +281,7 @@ export async function benchRollout(
   rollout_speedup_4_agents_by_seed?: number[];
   rollout_speedup_4_agents_drafts?: number;
   rollout_speedup_4_agents_drafts_by_seed?: number[];
+  rollout_work_ratio_4_agents?: number;
 }> {
   const log = opts.log ?? ((s: string) => process.stderr.write(`${s}\n`));
   const episodes = opts.episodes ?? (opts.quick ? 32 : 64);
@@ -313,6 +364,10 @@ export async function benchRollout(
             marftDecodeSeconds: m.stats.decodeSeconds,
             referenceDecodeSteps: ref.steps,
             longestEpisodeTokens: m.longestEpisodeTokens,
+            marftPromptTokens: m.promptTokens,
+            marftPrefillTokens: m.prefillTokens,
+            referencePrefillTokens: ref.prefillTokens,
+            referenceWorkRatio: ref.workRatio,
             promptLookupTokensPerStep: m.promptLookupTokensPerStep,
             draftSeconds: d.seconds,
             draftTokens: d.tokens,
@@ -325,10 +380,9 @@ export async function benchRollout(
     await engine.stop();
   }
   // per seed, sequential teams; the headline is the mean over the seeds
+  const sequential = (n: number) => cases.filter((c) => c.agents === n && c.graph === "sequential");
   const bySeed = (n: number, drafts = false) =>
-    cases
-      .filter((c) => c.agents === n && c.graph === "sequential")
-      .map((c) => (drafts ? c.speedupDrafts : c.speedup));
+    sequential(n).map((c) => (drafts ? c.speedupDrafts : c.speedup));
   const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : undefined);
   return {
     settings: { episodes, maxNewTokens, temperature: TEMPERATURE, topK: TOP_K, seeds },
@@ -339,6 +393,7 @@ export async function benchRollout(
     rollout_speedup_4_agents_by_seed: bySeed(4),
     rollout_speedup_4_agents_drafts: mean(bySeed(4, true)),
     rollout_speedup_4_agents_drafts_by_seed: bySeed(4, true),
+    rollout_work_ratio_4_agents: mean(sequential(4).map((c) => c.referenceWorkRatio)),
   };
 }
 
@@ -360,6 +415,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       rollout_speedup_4_agents_by_seed: r.rollout_speedup_4_agents_by_seed,
       rollout_speedup_4_agents_drafts: r.rollout_speedup_4_agents_drafts,
       rollout_speedup_4_agents_drafts_by_seed: r.rollout_speedup_4_agents_drafts_by_seed,
+      rollout_work_ratio_4_agents: r.rollout_work_ratio_4_agents,
     }),
   );
 }

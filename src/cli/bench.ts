@@ -163,6 +163,7 @@ export async function benchCommand(args: string[]): Promise<void> {
   const headline: Record<string, unknown> = {
     rollout_speedup_2_agents: roll["rollout_speedup_2_agents"],
     rollout_speedup_4_agents: roll["rollout_speedup_4_agents"],
+    rollout_work_ratio_4_agents: roll["rollout_work_ratio_4_agents"],
     prefix_reuse_speedup: speed["prefix_reuse_speedup"],
     mixed_adapter_train_speedup: speed["mixed_adapter_train_speedup"],
     decode_roofline_fraction: speed["decode_roofline_fraction"],
@@ -183,6 +184,7 @@ export async function benchCommand(args: string[]): Promise<void> {
   const targets: Record<string, string> = {
     rollout_speedup_2_agents: ">= 2",
     rollout_speedup_4_agents: ">= 5 (issue 17; mean of seeds 1-3)",
+    rollout_work_ratio_4_agents: "context: the reference's FLOPs over an unpadded sampler's",
     prefix_reuse_speedup: ">= 2",
     mixed_adapter_train_speedup: ">= 1.5",
     decode_roofline_fraction: ">= 0.4",
