@@ -173,8 +173,13 @@ export async function marftRollout(
   // update (an entry holds one adapter's keys at one set of weights). On the warm-up's adapters the
   // cache would already hold every agent's prompt up to the problem's end, which the reference's
   // side has to prefill.
+  // Each a copy of its agent's adapter in base and LoRA shape, so a step costs what it did.
   const cold = (a: AgentSpec) => `${a.id}-cold`;
-  for (const a of agents) await client.createAdapter({ name: cold(a), base: "smol" });
+  const standing = new Map((await client.listAdapters()).adapters.map((x) => [x.name, x]));
+  for (const a of agents) {
+    const { base, lora } = standing.get(a.id)!;
+    await client.createAdapter({ name: cold(a), base, lora });
+  }
   const admitted = async () => {
     const p = (await client.stats()).prefix_cache;
     return { prompt: p?.prompt_tokens ?? 0, prefill: p?.prefill_tokens ?? 0 };
