@@ -28,7 +28,14 @@ def _case(B: int, H: int, Hk: int, T: int, L: int, D: int, seed: int) -> tuple[t
 
 @pytest.mark.parametrize(
     ("B", "H", "Hk", "T", "L", "D"),
-    [(1, 4, 4, 1, 5, 8), (7, 9, 3, 1, 61, 64), (5, 8, 2, 4, 33, 16), (3, 6, 1, 9, 300, 32)],
+    [
+        (1, 4, 4, 1, 5, 8),  # fewer keys than a vector block: the scalar tail alone
+        (7, 9, 3, 1, 61, 64),  # SmolLM2's heads; 7 blocks of 8 keys and a tail of 5
+        (5, 8, 2, 4, 33, 16),
+        (3, 6, 1, 9, 300, 32),
+        (2, 4, 1, 2, 40, 256),  # Gemma 3's head size: the values in pieces of 64 columns
+        (3, 4, 2, 3, 27, 12),  # a head size the vector path does not take
+    ],
 )
 def test_equals_sdpa(B: int, H: int, Hk: int, T: int, L: int, D: int) -> None:
     q, k, v, keep = _case(B, H, Hk, T, L, D, seed=B * 100 + L)
