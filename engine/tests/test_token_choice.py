@@ -156,3 +156,23 @@ def test_two_level_cdf_picks_the_token_of_the_whole_vocabulary_cdf() -> None:
     assert got.tolist() == want.tolist()
     assert torch.isfinite(logp.gather(1, got[:, None])).all()  # never a token of probability 0
     assert int(got[1]) == int(logp[1].isfinite().nonzero().max())  # u near 1: the last token with mass
+
+
+def test_a_truncated_row_draws_the_token_of_its_whole_vocabulary_cdf() -> None:
+    """choose_tokens draws a top-k / top-p row among its candidates only: the same tokens as
+    inverse_cdf over `truncate`'s whole-vocabulary distribution, and their log-probs under it, for
+    top-k alone, top-p alone (every token a candidate), both, and uniforms near 0 and 1."""
+    g = torch.Generator().manual_seed(3)
+    S, V = 96, 3 * BLOCK + 11
+    logits = torch.randn(S, V, generator=g) * 3  # [S, V]
+    temps = torch.full((S,), 0.7)
+    top_k = torch.tensor([50, 0, 7, 1] * (S // 4))
+    top_p = torch.tensor([1.0, 0.9, 0.6, 1.0] * (S // 4))
+    u = torch.rand(S, generator=g, dtype=torch.float64)
+    u[:8] = torch.tensor([0.0, 0.0, 0.0, 0.0, 1 - 1e-12, 1 - 1e-12, 1 - 1e-16, 0.5], dtype=torch.float64)
+    c = choose_tokens(logits, temps, top_k, top_p, u)
+    sampler = truncate(torch.log_softmax(logits / 0.7, -1), top_k, top_p)  # [S, V]
+    want = inverse_cdf(sampler, u)
+    assert c.tokens.tolist() == want.tolist()
+    torch.testing.assert_close(c.sampler_logprobs, sampler.gather(1, want[:, None])[:, 0], rtol=0, atol=1e-6)
+    assert (c.tokens[3::4] == logits[3::4].argmax(-1)).all()  # top-k 1: the most likely token
