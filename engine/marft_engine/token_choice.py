@@ -128,9 +128,7 @@ def truncate(
     return torch.full_like(logp, float("-inf")).scatter(-1, idx, kept)  # [R, V]
 
 
-def _kept(
-    logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _kept(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`truncate`'s candidates: (their tokens [R, K], most likely first; their renormalised
     log-probs [R, K], -inf where top-k or top-p drops them)."""
     V = logp.shape[-1]
