@@ -5,7 +5,9 @@ rows, two small matmuls, scatter back). With several agents in one decode batch 
 than the LoRA math. Here each LoRA Linear keeps its adapters' weights stacked, A [n, r, d_in] and
 B * scaling [n, d_out, r], and every row keeps its own adapter's block ("__base__" rows none): two
 matmuls per layer whatever the number of adapters. Every row is computed on its own, so a row's
-result does not depend on the rest of the batch.
+result does not depend on the rest of the batch. What a layer settles for a pass (path, dtype, stacks,
+each row's block) it keeps for the next passes over the same rows and weights (`_planned`): a decode
+step's 210 LoRA layers settling it anew cost 7-11% of the step (docs/MEASUREMENTS.md).
 
 Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
 pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: each run of one
@@ -106,6 +108,12 @@ def _row_choice(
 def _mixed_batch_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, adapter_names: list[str], **kwargs: object
 ) -> torch.Tensor:
+    if adapter_names is _rows and not args and not kwargs:
+        plan = getattr(self, "_marft_plan", None)
+        if (
+            plan is not None and plan[0] == _rows_block and not self.training and x.dim() == 3
+        ):  # settled by an earlier step of the same rows
+            return _planned(self, x, *plan[1:])
     names = (
         _row_names if adapter_names is _rows and _row_names is not None else tuple(sorted(set(adapter_names)))
     )
@@ -127,24 +135,64 @@ def _mixed_batch_forward(
     x = x.to(dtype)  # once for both products (the base layer's autocast would cast it the same way)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     A, B, slot, A_packed, B_packed = _stacks(self, names, dtype)
-    if not slot:  # no row has a LoRA on this layer (__base__ rows, or adapters on other layers)
-        return result
-    # Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
-    # block, then one matmul with all Bs side by side: no per-row copy of the weights.
-    xa = precision.linear(x, A, A_packed)  # [B, T, n r]
-    if len(names) > 1 or names[0] not in slot:  # rows of several adapters, or some without one here
-        n = len(slot)
+    keep = None
+    if slot and (len(names) > 1 or names[0] not in slot):  # several adapters' rows, or rows without one here
         keep = _row_choice(adapter_names, slot, x.device, dtype)[:, None]  # [B, 1, n]
         if (lay := unpad.layout()) is not None:  # x [1, N, d_in]: the rows' tokens end to end
-            keep = keep[lay.rows].view(1, -1, n)  # [1, N, n]: each token its row's
-        xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep[..., None]).view(xa.shape)
-    out = precision.linear(xa, B, B_packed)  # [B, T, d_out]
-    return result + out.to(result.dtype)
+            keep = keep[lay.rows].view(1, -1, len(slot))  # [1, N, n]: each token its row's
+        keep = keep[..., None]  # [B, T or 1, n, 1]
+    if adapter_names is _rows and not args and not kwargs:
+        self._marft_plan = (_rows_block, dtype, A, B, A_packed, B_packed, keep, bool(slot))
+    if not slot:  # no row has a LoRA on this layer (__base__ rows, or adapters on other layers)
+        return result
+    return result + _lora_out(x, A, B, A_packed, B_packed, keep).to(result.dtype)
+
+
+def _lora_out(
+    x: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_packed: torch.Tensor | None,
+    B_packed: torch.Tensor | None,
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
+    """Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
+    block (keep [B, T or 1, n, 1]; None: every row has the one adapter), then one matmul with all
+    Bs side by side: no per-row copy of the weights. x [B, T, d_in] -> [B, T, d_out]."""
+    xa = precision.linear(x, A, A_packed)  # [B, T, n r]
+    if keep is not None:
+        n = keep.shape[2]
+        xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep).view(xa.shape)
+    return precision.linear(xa, B, B_packed)  # [B, T, d_out]
+
+
+def _planned(
+    self: lora_layer.Linear,
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_packed: torch.Tensor | None,
+    B_packed: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    any_lora: bool,
+) -> torch.Tensor:
+    """`_mixed_batch_forward` as an earlier step of the same rows settled it (the path, the dtype,
+    the stacks, each row's block): a decode step does not settle it again in each LoRA layer."""
+    x = x.to(dtype)
+    result = self.base_layer(x)  # [B, T, d_out]
+    if not any_lora:
+        return result
+    return result + _lora_out(x, A, B, A_packed, B_packed, keep).to(result.dtype)
 
 
 # Rows of the decode call in progress (see `rows`): the adapter name of each row; and what every
 # layer of that call derives from them alike (their distinct adapters, `_row_choice`), kept for it.
 _rows: list[str] | None = None
+# The rows and weights of a `rows` block: a new number when they change (or in a pass over real tokens
+# only, unpad.py), so each layer's plan from an earlier block of the same rows (`_planned`) still holds.
+_rows_block = 0
+_rows_key: tuple[object, ...] | None = None
 _row_names: tuple[str, ...] | None = None
 _row_choices: dict[tuple[object, ...], torch.Tensor] = {}
 _original_forward = lora_layer.Linear.forward
@@ -157,10 +205,20 @@ def rows(model: torch.nn.Module, adapter_names: list[str]) -> Iterator[bool]:
     (a noticeable share of a CPU decode step). Yields False, and does nothing, where the model
     has LoRA layers of another kind (which would ignore the rows): then call PEFT with
     `adapter_names`."""
-    global _rows, _row_runs, _row_names
+    global _rows, _row_runs, _row_names, _rows_block, _rows_key
     if not _only_linear_lora(model):
         yield False
         return
+    key = (
+        tuple(adapter_names),
+        _epoch,
+        id(model),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cpu"),
+    )
+    if key != _rows_key or unpad.layout() is not None:
+        _rows_block += 1
+        _rows_key = None if unpad.layout() is not None else key
     _rows, _row_runs, _row_names = adapter_names, None, tuple(sorted(set(adapter_names)))
     _row_choices.clear()
     try:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from helpers import PARITY_TOL, add_policy, seqs
+from helpers import PARITY_TOL, add_policy, perturb, seqs
 
 from marft_engine.engine import Engine
 from marft_engine.errors import EngineError
@@ -100,6 +100,48 @@ def test_mixed_adapter_batch_equals_separate_calls(engine: Engine) -> None:
                 assert torch.allclose(torch.tensor(c1.logprobs), torch.tensor(c2.logprobs), atol=PARITY_TOL)
         if temperature > 0:  # different seeds do give different samples
             assert mixed[1].completions[0].response_ids != mixed[1].completions[1].response_ids
+
+
+def test_decode_steps_that_reuse_each_layers_plan_follow_rows_and_weights(engine: Engine) -> None:
+    """A LoRA layer settles its path once for a run of passes over the same rows and weights
+    (lora_batch._planned). Rows leaving mid-call, a second call over the same rows, and new weights
+    for one adapter between two calls whose rows are the same throughout must all give forward's
+    log-probs, and the new weights new ones."""
+    # prompts of one length: their prefill runs over the padded layout, as the decode steps do, so
+    # a call's first pass may take over the plans of the previous call's last
+    prompts = [p[:5] for p in seqs(4, 31, 6, 12)]
+    adapters = ["A", "B", "__base__", "A"]
+
+    def run(lengths: list[int]) -> list[tuple[list[int], list[float]]]:
+        reqs = [
+            SampleRequest(
+                adapter=a,
+                base="b",
+                prompt_ids=p,
+                seed=i,
+                sampling=SamplingParams(temperature=0.8, max_new_tokens=n),
+            )
+            for i, (a, p, n) in enumerate(zip(adapters, prompts, lengths, strict=True))
+        ]
+        out = []
+        for a, res in zip(adapters, engine.sample(SampleBatch(requests=reqs)).results, strict=True):
+            c = res.completions[0]
+            f = engine.forward(
+                ForwardRequest(
+                    adapter=a, base="b", data=[Datum(tokens=res.prompt_ids + c.response_ids)], temperature=0.8
+                )
+            )
+            want = torch.tensor(f.results[0].logprobs[len(res.prompt_ids) :])
+            assert torch.allclose(want, torch.tensor(c.logprobs), atol=PARITY_TOL), a
+            out.append((c.response_ids, c.logprobs))
+        return out
+
+    first = run([3, 10, 6, 10])  # rows leave after 3 and 6 steps
+    assert run([3, 10, 6, 10]) == first  # the same seeds, rows and weights: the same tokens and log-probs
+    before = run([6] * 4)
+    perturb(engine, "A", seed=77)
+    after = run([6] * 4)  # forward's log-probs under A's new weights (checked in run)
+    assert after[0][1] != before[0][1] and after[1] == before[1]  # A's rows changed, B's did not
 
 
 def test_sample_chat_stop_eos_and_n(engine: Engine) -> None:
