@@ -6,8 +6,9 @@ than the LoRA math. Here each LoRA Linear keeps its adapters' weights stacked, A
 B * scaling [n, d_out, r], and every row keeps its own adapter's block ("__base__" rows none): two
 matmuls per layer whatever the number of adapters. Every row is computed on its own, so a row's
 result does not depend on the rest of the batch. What a layer settles for a pass (path, dtype, stacks,
-each row's block) it keeps for the next passes over the same rows and weights (`_planned`): a decode
-step's 210 LoRA layers settling it anew cost 7-11% of the step (docs/MEASUREMENTS.md).
+each row's block) it keeps for the next passes over the same rows and weights (`_planned`): settling
+it anew in every LoRA layer of every decode step was a measurable share of the step
+(docs/MEASUREMENTS.md).
 
 Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
 pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: each run of one

@@ -75,8 +75,7 @@ def _draw_truncated(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows drawn from their truncated policy: the token `inverse_cdf` would draw from `truncate`'s
     [S, V], found among the K kept candidates alone, so no pass over the vocabulary beyond top-k
-    (at a rollout's 21 rows and top-k 50 these passes were 10 of a step's 15 ms of token choice).
-    Returns (tokens [S], their log-probs under the truncated distribution [S])."""
+    (those passes were most of a decode step's token choice, docs/MEASUREMENTS.md). Returns (tokens [S], their log-probs under the truncated distribution [S])."""
     idx, kept = _kept(logp, top_k, top_p)  # [S, K] each
     order = idx.argsort(-1)  # [S, K]: the candidates in vocabulary order, as inverse_cdf sums them
     idx, kept = idx.gather(1, order), kept.gather(1, order)
