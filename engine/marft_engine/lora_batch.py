@@ -6,7 +6,7 @@ than the LoRA math. Here each LoRA Linear keeps its adapters' weights stacked, A
 B * scaling [n, d_out, r], and every row keeps its own adapter's block ("__base__" rows none): two
 matmuls per layer whatever the number of adapters. Every row is computed on its own, so a row's
 result does not depend on the rest of the batch. What a layer settles for a pass (path, dtype, stacks,
-each row's block) it keeps for the next passes over the same rows and weights (`_planned`): settling
+each row's block) it keeps for the next passes over the same rows and weights (`_Plan`): settling
 it anew in every LoRA layer of every decode step was a measurable share of the step
 (docs/MEASUREMENTS.md).
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from peft.tuners.lora import layer as lora_layer
@@ -112,9 +113,11 @@ def _mixed_batch_forward(
     if adapter_names is _rows and not args and not kwargs:
         plan = getattr(self, "_marft_plan", None)
         if (
-            plan is not None and plan[0] == _rows_block and not self.training and x.dim() == 3
+            plan is not None and plan.block == _rows_block and not self.training and x.dim() == 3
         ):  # settled by an earlier step of the same rows
-            return _planned(self, x, *plan[1:])
+            x = x.to(plan.dtype)
+            result = self.base_layer(x)  # [B, T, d_out]
+            return result + _lora_out(x, plan).to(result.dtype) if plan.any_lora else result
     names = (
         _row_names if adapter_names is _rows and _row_names is not None else tuple(sorted(set(adapter_names)))
     )
@@ -142,56 +145,44 @@ def _mixed_batch_forward(
         if (lay := unpad.layout()) is not None:  # x [1, N, d_in]: the rows' tokens end to end
             keep = keep[lay.rows].view(1, -1, len(slot))  # [1, N, n]: each token its row's
         keep = keep[..., None]  # [B, T or 1, n, 1]
+    plan = _Plan(_rows_block, dtype, A, B, A_packed, B_packed, keep, bool(slot))
     if adapter_names is _rows and not args and not kwargs:
-        self._marft_plan = (_rows_block, dtype, A, B, A_packed, B_packed, keep, bool(slot))
+        self._marft_plan = plan
     if not slot:  # no row has a LoRA on this layer (__base__ rows, or adapters on other layers)
         return result
-    return result + _lora_out(x, A, B, A_packed, B_packed, keep).to(result.dtype)
+    return result + _lora_out(x, plan).to(result.dtype)
 
 
-def _lora_out(
-    x: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    A_packed: torch.Tensor | None,
-    B_packed: torch.Tensor | None,
-    keep: torch.Tensor | None,
-) -> torch.Tensor:
+class _Plan(NamedTuple):
+    """What a LoRA layer settles for a pass of the per-row path, which later passes of the same
+    `rows` block take over (a decode step does not settle it again in every LoRA layer)."""
+
+    block: int  # the `rows` block it holds for
+    dtype: torch.dtype  # the products' dtype
+    A: torch.Tensor  # [n r, d_in] the adapters' A stacked (`_stacks`)
+    B: torch.Tensor  # [d_out, n r] their B * scaling side by side
+    A_packed: torch.Tensor | None  # A and B prepacked, or None (precision.pack_weight)
+    B_packed: torch.Tensor | None
+    keep: torch.Tensor | None  # [B, T or 1, n, 1] each row's block; None: every row has the one adapter
+    any_lora: bool  # whether any row has a LoRA on this layer
+
+
+def _lora_out(x: torch.Tensor, plan: _Plan) -> torch.Tensor:
     """Every row through every adapter's A (r is small, so this is cheap), keep only the row's own
-    block (keep [B, T or 1, n, 1]; None: every row has the one adapter), then one matmul with all
-    Bs side by side: no per-row copy of the weights. x [B, T, d_in] -> [B, T, d_out]."""
-    xa = precision.linear(x, A, A_packed)  # [B, T, n r]
-    if keep is not None:
-        n = keep.shape[2]
-        xa = (xa.view(*xa.shape[:2], n, A.shape[0] // n) * keep).view(xa.shape)
-    return precision.linear(xa, B, B_packed)  # [B, T, d_out]
-
-
-def _planned(
-    self: lora_layer.Linear,
-    x: torch.Tensor,
-    dtype: torch.dtype,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    A_packed: torch.Tensor | None,
-    B_packed: torch.Tensor | None,
-    keep: torch.Tensor | None,
-    any_lora: bool,
-) -> torch.Tensor:
-    """`_mixed_batch_forward` as an earlier step of the same rows settled it (the path, the dtype,
-    the stacks, each row's block): a decode step does not settle it again in each LoRA layer."""
-    x = x.to(dtype)
-    result = self.base_layer(x)  # [B, T, d_out]
-    if not any_lora:
-        return result
-    return result + _lora_out(x, A, B, A_packed, B_packed, keep).to(result.dtype)
+    block, then one matmul with all Bs side by side: no per-row copy of the weights.
+    x [B, T, d_in] -> [B, T, d_out]."""
+    xa = precision.linear(x, plan.A, plan.A_packed)  # [B, T, n r]
+    if plan.keep is not None:
+        n = plan.keep.shape[2]
+        xa = (xa.view(*xa.shape[:2], n, plan.A.shape[0] // n) * plan.keep).view(xa.shape)
+    return precision.linear(xa, plan.B, plan.B_packed)  # [B, T, d_out]
 
 
 # Rows of the decode call in progress (see `rows`): the adapter name of each row; and what every
 # layer of that call derives from them alike (their distinct adapters, `_row_choice`), kept for it.
 _rows: list[str] | None = None
 # The rows and weights of a `rows` block: a new number when they change (or in a pass over real tokens
-# only, unpad.py), so each layer's plan from an earlier block of the same rows (`_planned`) still holds.
+# only, unpad.py), so each layer's plan from an earlier block of the same rows (`_Plan`) still holds.
 _rows_block = 0
 _rows_key: tuple[object, ...] | None = None
 _row_names: tuple[str, ...] | None = None

@@ -104,7 +104,7 @@ def test_mixed_adapter_batch_equals_separate_calls(engine: Engine) -> None:
 
 def test_decode_steps_that_reuse_each_layers_plan_follow_rows_and_weights(engine: Engine) -> None:
     """A LoRA layer settles its path once for a run of passes over the same rows and weights
-    (lora_batch._planned). Rows leaving mid-call, a second call over the same rows, and new weights
+    (lora_batch._Plan). Rows leaving mid-call, a second call over the same rows, and new weights
     for one adapter between two calls whose rows are the same throughout must all give forward's
     log-probs, and the new weights new ones."""
     # prompts of one length: their prefill runs over the padded layout, as the decode steps do, so
