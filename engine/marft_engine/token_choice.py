@@ -48,40 +48,33 @@ def choose_tokens(
     if greedy.any():
         tokens[greedy] = logits[greedy].argmax(-1)
     truncated = ~greedy & ((top_k > 0) | (top_p < 1))  # [B]
-    for rows, draw in (
-        (truncated, _draw_truncated),
-        (~greedy & ~truncated, _draw_full),
-    ):
-        if not rows.any():
-            continue
-        rows = rows.nonzero()[:, 0]  # [S]
-        one = len(rows) == B  # every row: no gathered copy of the policy
-        t, lp = draw(policy if one else policy[rows], top_k[rows], top_p[rows], uniforms[rows])
-        tokens[rows], sampler_logprobs[rows] = t, lp
+    if truncated.any():
+        rows = truncated.nonzero()[:, 0]  # [R]
+        sub = policy if len(rows) == B else policy[rows]  # every row: no gathered copy
+        tokens[rows], sampler_logprobs[rows] = _draw_truncated(sub, top_k[rows], top_p[rows], uniforms[rows])
+    full = ~greedy & ~truncated  # [B]
+    if full.any():
+        rows = full.nonzero()[:, 0]  # [S]
+        sub = policy if len(rows) == B else policy[rows]
+        drawn = inverse_cdf(sub, uniforms[rows])  # [S]
+        tokens[rows], sampler_logprobs[rows] = drawn, sub.gather(1, drawn[:, None])[:, 0]
     logprobs = policy.gather(1, tokens[:, None])[:, 0]  # [B]
     return Choice(tokens=tokens, logprobs=logprobs, sampler_logprobs=sampler_logprobs)
-
-
-def _draw_full(
-    logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows drawn from their whole policy logp [S, V]: (tokens [S], their log-probs [S])."""
-    tokens = inverse_cdf(logp, uniforms)
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
 def _draw_truncated(
     logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows drawn from their truncated policy: the token `inverse_cdf` would draw from `truncate`'s
-    [S, V], found among the K kept candidates alone, so no pass over the vocabulary beyond top-k
-    (those passes were most of a decode step's token choice, docs/MEASUREMENTS.md). Returns (tokens [S], their log-probs under the truncated distribution [S])."""
-    idx, kept = _kept(logp, top_k, top_p)  # [S, K] each
-    order = idx.argsort(-1)  # [S, K]: the candidates in vocabulary order, as inverse_cdf sums them
+    [R, V], found among the K kept candidates alone, so no pass over the vocabulary beyond top-k
+    (those passes were most of a decode step's token choice, docs/MEASUREMENTS.md). Returns
+    (tokens [R], their log-probs under the truncated distribution [R])."""
+    idx, kept = _kept(logp, top_k, top_p)  # [R, K] each
+    order = idx.argsort(-1)  # [R, K]: the candidates in vocabulary order, as inverse_cdf sums them
     idx, kept = idx.gather(1, order), kept.gather(1, order)
-    cum = kept.exp().double().cumsum(-1)  # [S, K]; the dropped candidates have probability 0
-    target = uniforms * cum[:, -1]  # [S]
-    last = (cum < cum[:, -1:]).sum(-1)  # [S] the last candidate of positive probability
+    cum = kept.exp().double().cumsum(-1)  # [R, K]; the dropped candidates have probability 0
+    target = uniforms * cum[:, -1]  # [R]
+    last = (cum < cum[:, -1:]).sum(-1)  # [R] the last candidate of positive probability
     j = torch.minimum(torch.searchsorted(cum, target[:, None], right=True)[:, 0], last)[:, None]
     return idx.gather(1, j)[:, 0], kept.gather(1, j)[:, 0]
 
