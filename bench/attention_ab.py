@@ -17,7 +17,7 @@ import statistics
 import time
 
 import torch
-from marft_engine import decode_attention
+from marft_engine import decode_attention, kernels
 from marft_engine.engine import Engine
 from marft_engine.sampler import Sampler
 from marft_engine.schemas import BaseCreate, SampleBatch, SampleRequest, SamplingParams
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if decode_attention.kernel() is None:
+    if kernels.load() is None:
         raise SystemExit(
             "attention_ab: the kernel could not be built here (see the warning above)"
         )

@@ -55,7 +55,7 @@ def weights_epoch(adapter: str) -> int:
 
 def _stacks(
     module: lora_layer.Linear, names: tuple[str, ...], dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, int], torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int], precision.Packed | None, precision.Packed | None]:
     """(A [n r, d_in], B [d_out, n r], slot per adapter, A and B prepacked or None) in the
     dtype the matmuls run in; the packed pair where the base layer is packed too (precision.py)."""
     key = (names, _epoch, dtype)
@@ -161,8 +161,8 @@ class _Plan(NamedTuple):
     dtype: torch.dtype  # the products' dtype
     A: torch.Tensor  # [n r, d_in] the adapters' A stacked (`_stacks`)
     B: torch.Tensor  # [d_out, n r] their B * scaling side by side
-    A_packed: torch.Tensor | None  # A and B prepacked, or None (precision.pack_weight)
-    B_packed: torch.Tensor | None
+    A_packed: precision.Packed | None  # A and B prepacked, or None (precision.pack_weight)
+    B_packed: precision.Packed | None
     keep: torch.Tensor | None  # [B, T or 1, n, 1] each row's block; None: every row has the one adapter
     any_lora: bool  # whether any row has a LoRA on this layer
 

@@ -4,8 +4,10 @@ A base computes in fp32 or bf16 (`compute_dtype`). On a GPU a bf16 base is store
 it keeps fp32 embeddings and norms (so the residual stream is fp32, as under autocast) and bf16
 linear weights (`bf16_linear_weights`), every pass runs under bf16 autocast (`autocast`), and the
 sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). On a CPU,
-passes without gradients (sampling, forward) multiply by oneDNN-prepacked copies of the linear
-weights (`pack_linear_weights`): the large fp32 ones, and bf16 ones where the CPU has native bf16.
+passes without gradients (sampling, forward) multiply by prepacked copies of the linear weights
+(`pack_linear_weights`): in fp32, every one in the panels of the engine's own kernel on a CPU with AVX2
+but no AVX512 (`Panels`), else the large ones by oneDNN; in bf16, by oneDNN where the CPU has native
+bf16.
 LoRA weights, value heads and optimizer state are fp32 everywhere (see registry.py).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +24,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import decode_attention, unpad
-from .decode_attention import cpu_flags
+from . import decode_attention, kernels, unpad
+from .kernels import cpu_flags
 
 DECODE_ATTENTION = "marft_sdpa"  # the name the attention override is registered under
 
@@ -58,7 +61,7 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
     if device.type != "cpu":
         return None
     install_decode_attention(model)
-    decode_attention.kernel()  # built (once, tens of seconds) or loaded here, not in the first decode step
+    kernels.load()  # built (once, tens of seconds) or loaded here, not in the first decode step
     if dtype == torch.bfloat16:
         bf16_linear_weights(model)
     pack_linear_weights(model)
@@ -94,6 +97,33 @@ PACK_ROWS = 32
 FP32_PACK_MIN_ELEMENTS = 2**19
 FP32_PACKED_MAX_ROWS = 256
 
+# fp32 products of at most PANEL_MAX_ROWS rows run on `Panels` on a CPU with AVX2 and FMA but no
+# AVX512. Why, on a Zen 3 core (docs/MEASUREMENTS.md): at a decode step's 1 to 64 rows MKL's and
+# oneDNN's products ran at under half of the multiply-add rate the kernel reaches; from a few hundred
+# rows MKL's blocked kernel is as fast or faster. oneDNN's AVX512 kernels were not measured against it.
+PANEL_MAX_ROWS = 128
+
+
+class Panels(NamedTuple):
+    """An fp32 weight [n, K] laid out for the engine's panel kernel (csrc/panel_linear.cpp)."""
+
+    data: torch.Tensor  # [ceil(n / 16), K, 16]
+    n: int  # output columns
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+
+Packed = torch.Tensor | Panels  # a weight as `pack_weight` gives it
+
+
+@functools.cache
+def panels_apply() -> bool:
+    """Whether fp32 weights go into `Panels` here (PANEL_MAX_ROWS)."""
+    k = kernels.load()
+    return k is not None and k.panels_available() and "avx512f" not in cpu_flags()
+
 
 @functools.cache
 def native_bf16() -> bool:
@@ -101,19 +131,26 @@ def native_bf16() -> bool:
     return bool(set(NATIVE_BF16_FLAGS) & cpu_flags()) and torch.backends.mkldnn.is_available()
 
 
-def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A CPU weight [d_out, d_in] prepacked for oneDNN's inner product (`packed_linear`), or None
-    where PyTorch has no oneDNN, the weight is not fp32 or bf16, (fp32) it is small
-    (FP32_PACK_MIN_ELEMENTS), or (bf16) the CPU has no native bf16 or the packed product is not
-    bit-identical to the plain one. Why: the plain product re-lays the weight out on every call
-    (MKL's sgemm packs an fp32 one into panels; oneDNN re-lays a bf16 one for AMX tiles or
-    AVX512_BF16 pairs), a copy of the weight each time, which at a decode step's few rows is a large
-    share of the product (docs/MEASUREMENTS.md). A bf16 packed product is the plain one's kernel; an
-    fp32 one is oneDNN's, not MKL's, so its results differ in the last bits (a test bounds them
-    against float64)."""
-    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> Packed | None:
+    """A CPU weight [d_out, d_in] prepacked for `packed_linear`, or None. Why: the plain product
+    re-lays the weight out on every call (MKL's sgemm packs an fp32 one into panels; oneDNN re-lays a
+    bf16 one for AMX tiles or AVX512_BF16 pairs), a copy of the weight each time, which at a decode
+    step's few rows is a large share of the product (docs/MEASUREMENTS.md).
+    - fp32 where `panels_apply`: `Panels`, whatever the size.
+    - fp32 elsewhere: oneDNN's packed weight from FP32_PACK_MIN_ELEMENTS, None below.
+    - bf16: oneDNN's packed weight where the CPU has native bf16 and the packed product is
+      bit-identical to the plain one (the plain one's kernel), else None.
+    Neither fp32 product is MKL's, so their results differ from the plain one's in the last bits (tests
+    bound them against float64)."""
+    if w.device.type != "cpu":
         return None
     fp32 = w.dtype == torch.float32
+    if fp32 and panels_apply():
+        kernel = kernels.load()
+        assert kernel is not None
+        return Panels(kernel.pack_panels(w.detach()), w.shape[0])
+    if not torch.backends.mkldnn.is_available():
+        return None
     if not (w.numel() >= FP32_PACK_MIN_ELEMENTS if fp32 else w.dtype == torch.bfloat16 and native_bf16()):
         return None
     try:
@@ -127,15 +164,34 @@ def pack_weight(w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tens
     return packed if same else None
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., d_in] (cast to the weight's dtype) times a `pack_weight` weight -> [..., d_out] in
     that dtype."""
+    if isinstance(packed, Panels):
+        kernel = kernels.load()
+        assert kernel is not None
+        y = kernel.panel_linear(x.float().reshape(-1, x.shape[-1]), packed.data, packed.n)  # [M, d_out]
+        y = y.view(*x.shape[:-1], packed.n)
+        return y if bias is None else y + bias
     return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """x times w.T: by `packed` (w as `pack_weight` gave it) where there is one, else plain."""
-    return F.linear(x, w) if packed is None else packed_linear(x, packed, None)
+def takes_packed(x: torch.Tensor, packed: Packed, runs_in: torch.dtype) -> bool:
+    """Whether a product of x [..., d_in] that runs in dtype `runs_in` goes by `packed`: no
+    gradients, its dtype, and (fp32) at most PANEL_MAX_ROWS or FP32_PACKED_MAX_ROWS rows."""
+    if runs_in != packed.dtype or torch.is_grad_enabled():
+        return False
+    if packed.dtype != torch.float32:
+        return True
+    most = PANEL_MAX_ROWS if isinstance(packed, Panels) else FP32_PACKED_MAX_ROWS
+    return x.numel() <= most * x.shape[-1]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, packed: Packed | None) -> torch.Tensor:
+    """x times w.T: by `packed` (w as `pack_weight` gave it) where it takes x, else plain."""
+    if packed is not None and takes_packed(x, packed, x.dtype):
+        return packed_linear(x, packed, None)
+    return F.linear(x, w)
 
 
 def pack_linear_weights(model: PreTrainedModel) -> int:
@@ -153,13 +209,11 @@ def pack_linear_weights(model: PreTrainedModel) -> int:
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A packed layer's forward: the packed product where no gradient is wanted and the product
-    runs in the packed weight's dtype (bf16: a bf16 input, or CPU autocast to bf16, which would cast
-    the input; fp32: an fp32 input outside autocast, on at most FP32_PACKED_MAX_ROWS rows), else the
-    plain one. x [..., d_in] -> [..., d_out]."""
+    """A packed layer's forward: the packed product where `takes_packed` (bf16: a bf16 input, or CPU
+    autocast to bf16, which would cast the input; fp32: an fp32 input outside autocast, on few rows),
+    else the plain one. x [..., d_in] -> [..., d_out]."""
     runs_in = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-    few = runs_in != torch.float32 or x.numel() <= FP32_PACKED_MAX_ROWS * x.shape[-1]
-    if runs_in == self._marft_packed.dtype and few and not torch.is_grad_enabled():
+    if takes_packed(x, self._marft_packed, runs_in):
         return packed_linear(x, self._marft_packed, self.bias)
     return F.linear(x, self.weight, self.bias)
 

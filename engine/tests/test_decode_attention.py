@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from helpers import PARITY_TOL
 from test_speculative import sample
 
-from marft_engine import decode_attention
+from marft_engine import decode_attention, kernels
 from marft_engine.engine import Engine
 
-pytestmark = pytest.mark.skipif(decode_attention.kernel() is None, reason="no C++ compiler here")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="no C++ compiler here")
 
 
 def _case(B: int, H: int, Hk: int, T: int, L: int, D: int, seed: int) -> tuple[torch.Tensor, ...]:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from helpers import PARITY_TOL, add_policy, ppo_data, seqs
 
-from marft_engine import precision
+from marft_engine import kernels, precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     BaseCreate,
@@ -116,10 +116,28 @@ def test_cpu_attention_override_is_sdpa_on_each_query_heads_keys() -> None:
     assert torch.allclose(got, want.transpose(1, 2), atol=1e-5)
 
 
-def _packing_run(dtype: str, packing: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[object]]:
-    """A tiny CPU base in `dtype` with two policies, packed or not: (packed layers, every figure a test
-    compares: a mixed-adapter sample's tokens and log-probs, forward log-probs, a PPO loss and its
-    gradients)."""
+PANELS = pytest.param(
+    True,
+    id="panels",
+    marks=pytest.mark.skipif(
+        not (kernels.load() is not None and kernels.load().panels_available()),  # type: ignore[union-attr]
+        reason="the panel kernel needs a C++ compiler and a CPU with AVX2 and FMA",
+    ),
+)
+ONEDNN = pytest.param(
+    False,
+    id="onednn",
+    marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN"),
+)
+
+
+def _packing_run(
+    dtype: str, packing: bool, monkeypatch: pytest.MonkeyPatch, panels: bool = False
+) -> tuple[int, list[object]]:
+    """A tiny CPU base in `dtype` with two policies, packed (fp32: in panels or by oneDNN) or not:
+    (packed layers, every figure a test compares: a mixed-adapter sample's tokens and log-probs,
+    forward log-probs, a PPO loss and its gradients)."""
+    monkeypatch.setattr(precision, "panels_apply", lambda: panels)
     if not packing:
         monkeypatch.setattr(precision, "pack_weight", lambda w, bias=None: None)
     monkeypatch.setattr(precision, "FP32_PACK_MIN_ELEMENTS", 0)  # the tiny model's weights are small
@@ -170,15 +188,15 @@ def test_packed_bf16_weights_change_no_bit_of_sampling_forward_or_training(
     assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+@pytest.mark.parametrize("panels", [PANELS, ONEDNN])
 def test_packed_fp32_weights_keep_sampling_forward_and_training_within_rounding(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, panels: bool
 ) -> None:
-    """An fp32 CPU base multiplies by oneDNN-packed weights in passes without gradients, whose last
-    bits differ from MKL's plain product: the same sampled tokens, log-probs within the parity
-    tolerance, and a PPO loss and gradients (the training pass is plain; its old log-probs come from
-    a packed forward) within fp32 rounding of an engine that packs nothing."""
-    packed, fig = _packing_run("float32", True, monkeypatch)
+    """An fp32 CPU base multiplies by packed weights (panels or oneDNN's) in passes without
+    gradients, whose last bits differ from MKL's plain product: the same sampled tokens, log-probs
+    within the parity tolerance, and a PPO loss and gradients (the training pass is plain; its old
+    log-probs come from a packed forward) within fp32 rounding of an engine that packs nothing."""
+    packed, fig = _packing_run("float32", True, monkeypatch, panels)
     unpacked, ref = _packing_run("float32", False, monkeypatch)
     assert packed == 2 * 7 + 1 and unpacked == 0
     samples, ref_samples = fig[0], ref[0]
@@ -198,7 +216,8 @@ def test_pack_weight_for_fp32_and_bf16_products(monkeypatch: pytest.MonkeyPatch)
     """pack_weight: fp32 CPU weights wherever PyTorch has oneDNN, their packed product within fp32
     rounding of the exact one (float64); bf16 ones only on a CPU with native bf16, their packed
     product equal to F.linear bit for bit. At any row count, for 3-D and strided inputs, with a
-    bias."""
+    bias. (Panels: `test_panels_...`.)"""
+    monkeypatch.setattr(precision, "panels_apply", lambda: False)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 40, generator=g).to(torch.bfloat16)
     bias = torch.randn(48, generator=g)
@@ -238,36 +257,74 @@ def test_pack_weight_for_fp32_and_bf16_products(monkeypatch: pytest.MonkeyPatch)
     assert precision.pack_weight(w) is None
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+@pytest.mark.parametrize("panels", [PANELS, ONEDNN])
 def test_packed_fp32_layer_takes_the_packed_product_only_without_gradients_on_few_rows(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, panels: bool
 ) -> None:
     """A packed fp32 layer multiplies by its packed copy in a pass without gradients on at most
-    FP32_PACKED_MAX_ROWS rows, and by the plain weight (MKL's product, bit for bit) on more rows or
-    with gradients. Which product ran is recorded, not read from the bits: on some CPU the two may
-    agree."""
+    PANEL_MAX_ROWS (panels) or FP32_PACKED_MAX_ROWS (oneDNN) rows, and by the plain weight (MKL's
+    product, bit for bit) on more rows or with gradients. Which product ran is recorded, not read from
+    the bits: on some CPU the two may agree."""
+    monkeypatch.setattr(precision, "panels_apply", lambda: panels)
     g = torch.Generator().manual_seed(1)
-    layer = torch.nn.Linear(576, 1024)  # 589,824 elements: packed
+    layer = torch.nn.Linear(576, 1024)  # 589,824 elements: packed either way
     model = torch.nn.Sequential(layer).requires_grad_(False)
     assert precision.pack_linear_weights(model) == 1  # type: ignore[arg-type]
+    assert isinstance(layer._marft_packed, precision.Panels) == panels
     packed_rows: list[int] = []
     product = precision.packed_linear
 
-    def recorded(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def recorded(x: torch.Tensor, w: precision.Packed, bias: torch.Tensor | None) -> torch.Tensor:
         packed_rows.append(x.numel() // x.shape[-1])
         return product(x, w, bias)
 
     monkeypatch.setattr(precision, "packed_linear", recorded)
+    most = precision.PANEL_MAX_ROWS if panels else precision.FP32_PACKED_MAX_ROWS
     few = torch.randn(2, 4, 576, generator=g)
-    many = torch.randn(precision.FP32_PACKED_MAX_ROWS + 1, 576, generator=g)
+    at_most = torch.randn(most, 576, generator=g)
+    many = torch.randn(most + 1, 576, generator=g)
     with torch.no_grad():
         assert torch.equal(layer(few), product(few, layer._marft_packed, layer.bias))
-        assert packed_rows == [8]
+        assert torch.equal(layer(at_most), product(at_most, layer._marft_packed, layer.bias))
+        assert packed_rows == [8, most]
         assert torch.equal(layer(many), F.linear(many, layer.weight, layer.bias))
     x = few.clone().requires_grad_(True)
     y = layer(x)
     assert y.requires_grad and torch.equal(y.detach(), F.linear(few, layer.weight, layer.bias))
-    assert packed_rows == [8]  # neither the many rows nor the pass with gradients took it
+    assert packed_rows == [8, most]  # neither the many rows nor the pass with gradients took it
+
+
+@pytest.mark.parametrize("panels", [PANELS])
+def test_panels_multiply_any_shape_within_fp32_rounding_and_each_row_alone(
+    monkeypatch: pytest.MonkeyPatch, panels: bool
+) -> None:
+    """The panel kernel (csrc/panel_linear.cpp), through pack_weight and packed_linear: within fp32
+    rounding of the exact product (float64) for every block of rows it takes (1 to 6, the 4 + 3 and
+    4 + 4 endings) and beyond, output columns that fill no whole panel, 3-D and strided inputs, with
+    a bias; and every row's result is bit for bit the one it gets alone, whatever the other rows."""
+    monkeypatch.setattr(precision, "panels_apply", lambda: panels)
+    g = torch.Generator().manual_seed(2)
+    for n, k in [(70, 33), (16, 576), (5, 64), (1536, 64)]:
+        w, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        packed = precision.pack_weight(w, bias)
+        assert isinstance(packed, precision.Panels) and packed.n == n
+        for rows in [1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 64, 131]:
+            x = torch.randn(rows, k, generator=g)
+            got = precision.packed_linear(x, packed, bias)
+            exact = x.double() @ w.double().T + bias.double()
+            # fp32 rounding of a dot product of K terms: about sqrt(K) eps times the sum of their sizes
+            bound = 2 * k**0.5 * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T + 1)
+            assert got.dtype == torch.float32 and got.shape == exact.shape
+            assert bool(((got.double() - exact).abs() <= bound).all()), (n, k, rows)
+            for i in (0, rows // 2, rows - 1):
+                assert torch.equal(precision.packed_linear(x[i : i + 1], packed, bias)[0], got[i])
+        x3 = torch.randn(2, 7, k, generator=g)
+        strided = torch.randn(5, 3, k, generator=g)[:, -1]  # [5, k] with row stride 3 k
+        for x in (x3, strided):
+            assert torch.equal(
+                precision.packed_linear(x, packed, None),
+                precision.packed_linear(x.contiguous().view(-1, k), packed, None).view(*x.shape[:-1], n),
+            )
 
 
 def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:

@@ -179,7 +179,3 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "attention of a decode step over a KV cache (CPU, fp32)");
-}

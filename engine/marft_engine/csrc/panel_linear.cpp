@@ -1,0 +1,105 @@
+// x W^T on a CPU for a few rows (precision.py: the fp32 products of decode steps), with W laid out
+// once in panels of 16 output columns. Why a kernel of our own: at a decode step's 1 to 64 rows, MKL's
+// sgemm re-lays W out on every call and oneDNN's prepacked product has a high fixed cost, so both ran
+// at well under half of this CPU's multiply-add rate (docs/MEASUREMENTS.md). Here each panel of W is
+// read once per call and multiplies up to 6 rows at a time, their 12 sums held in registers.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MARFT_AVX2 1
+#endif
+
+namespace {
+constexpr int64_t NR = 16;  // output columns a panel: two 8-wide vectors
+
+#ifdef MARFT_AVX2
+// y[r, :cols] = x[r, :] . panel for MR rows r of x [MR, K] (row stride K) and one panel [K, 16].
+// Named accumulators, not an array: GCC keeps an array of vectors on the stack, stored every k.
+template <int MR>
+inline void rows_times_panel(const float* x, int64_t K, const float* panel, float* y, int64_t ldy, int64_t cols) {
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z,
+         c50 = z, c51 = z;
+#define MARFT_ROW(r)                                     \
+  if constexpr (MR > r) {                                \
+    const __m256 b = _mm256_broadcast_ss(x + r * K + k); \
+    c##r##0 = _mm256_fmadd_ps(b, w0, c##r##0);           \
+    c##r##1 = _mm256_fmadd_ps(b, w1, c##r##1);           \
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_load_ps(panel + k * NR), w1 = _mm256_load_ps(panel + k * NR + 8);
+    MARFT_ROW(0) MARFT_ROW(1) MARFT_ROW(2) MARFT_ROW(3) MARFT_ROW(4) MARFT_ROW(5)
+  }
+#undef MARFT_ROW
+  alignas(32) float out[6][NR];
+  const __m256 sums[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_ps(out[r], sums[r][0]);
+    _mm256_store_ps(out[r] + 8, sums[r][1]);
+    std::copy(out[r], out[r] + cols, y + r * ldy);
+  }
+}
+#endif
+}  // namespace
+
+bool available() {
+#ifdef MARFT_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+// w [N, K] fp32 -> panels [ceil(N / 16), K, 16]: panel p, row k holds w[16 p : 16 p + 16, k], zero past N.
+torch::Tensor pack_panels(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack_panels: w must be [N, K] fp32");
+  const int64_t N = w.size(0), K = w.size(1), P = (N + NR - 1) / NR;
+  auto padded = torch::zeros({P * NR, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({P, NR, K}).transpose(1, 2).contiguous();  // [P, K, 16]
+}
+
+// x [M, K] fp32 times the panels of w [N, K] -> [M, N]. Every row's sums run over k in order, so a
+// row's result does not depend on the other rows of the call.
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
+#ifdef MARFT_AVX2
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "panel_linear: x must be [M, K] fp32");
+  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x.size(1) && panels.size(2) == NR && panels.is_contiguous(),
+              "panel_linear: panels must be pack_panels' [P, K, 16] for x's K");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), P = panels.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  const float* X = x.data_ptr<float>();
+  const float* W = panels.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  // Blocks of 6 rows, the last few as 4 + 3 or 4 + 4 rather than 6 + 1 or 6 + 2: a block of 1 or 2 rows
+  // has too few independent sums to keep both multiply-add units busy.
+  int64_t sixes = M / 6;
+  if (sixes > 0 && M % 6 != 0 && M % 6 <= 2) --sixes;
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const float* panel = W + p * K * NR;
+      const int64_t cols = std::min(NR, N - p * NR);
+      float* yp = Y + p * NR;
+      int64_t m = 0;
+      for (; m < sixes * 6; m += 6) rows_times_panel<6>(X + m * K, K, panel, yp + m * N, N, cols);
+      while (m < M) {
+        const int64_t r = std::min<int64_t>(4, M - m);
+        if (r == 4) rows_times_panel<4>(X + m * K, K, panel, yp + m * N, N, cols);
+        else if (r == 3) rows_times_panel<3>(X + m * K, K, panel, yp + m * N, N, cols);
+        else if (r == 2) rows_times_panel<2>(X + m * K, K, panel, yp + m * N, N, cols);
+        else rows_times_panel<1>(X + m * K, K, panel, yp + m * N, N, cols);
+        m += r;
+      }
+    }
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "panel_linear: built without AVX2 and FMA");
+  return x;
+#endif
+}
