@@ -51,10 +51,15 @@ def gemm_kernels(
     a: torch.Tensor, b: torch.Tensor
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """The dense products a @ b.T this machine offers PyTorch: `torch.matmul` (MKL's sgemm for fp32 on
-    a CPU) and, on a CPU with oneDNN, oneDNN's inner product on a prepacked weight. Why both: on AMD
+    a CPU), the engine's panel kernel where it has one (fp32 on a CPU with AVX2 but no AVX512,
+    precision.py) and, on a CPU with oneDNN, oneDNN's inner product on a prepacked weight. Why: on AMD
     CPUs MKL's sgemm takes a path well short of AVX512 (2026-12-04, Zen 5: ~100 against oneDNN's
     ~240 GFLOP/s on one core), so a probe of `torch.matmul` alone understates the hardware."""
     kernels: dict[str, Callable[[], torch.Tensor]] = {"matmul": lambda: a @ b.T}
+    if a.device.type == "cpu" and a.dtype == torch.float32 and precision.panels_apply():
+        panels = precision.pack_weight(b)  # the engine's own kernel (precision.Panels)
+        assert isinstance(panels, precision.Panels)
+        kernels["panels"] = lambda: precision.packed_linear(a, panels, None)
     if a.device.type == "cpu" and torch.backends.mkldnn.is_available():
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(b, a.shape[0])
@@ -99,7 +104,8 @@ def linear_seconds(
 ) -> dict[str, float]:
     """Seconds for every base linear weight of the model (LoRA apart, the LM head included) applied
     to `rows` rows once, as a decode step at batch `rows` applies them, per kernel of `gemm_kernels`:
-    how far the engine's kernel (`matmul`) is from the fastest. Median of `reps` after a warm-up."""
+    how far the engine's kernel (`panels` where there is one, else `matmul` in fp32 and `onednn` in
+    bf16, precision.py) is from the fastest. Median of `reps` after a warm-up."""
     weights = [
         m.weight.detach()
         for n, m in model.named_modules()

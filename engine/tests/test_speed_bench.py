@@ -111,6 +111,15 @@ def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
                 assert res[f"{key}_tokens_same"] >= (1.0 if dtype == "bfloat16" else 0.9), key
 
 
+@pytest.mark.skipif(not precision.panels_apply(), reason="the engine packs no panels on this CPU")
+def test_panels_ab_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/panels_ab.py: every figure at each shape is a positive time or ratio."""
+    res = run_ab(tmp_path, "panels_ab.py", "--shapes", "4x1,2x2", "--tokens", "4")
+    assert len(res) == 6
+    assert all(math.isfinite(v) and v > 0 for v in res.values())
+    assert {k.rsplit("_ctx", 1)[0] for k in res} == {"float32_b4", "float32_b2"}
+
+
 def test_train_ab_on_a_tiny_model(tmp_path: Path) -> None:
     """bench/train_ab.py: the previous and the shipped training forward give the same bits (it asserts
     so) and every figure is a positive time or ratio, in fp32 and bf16."""
