@@ -114,7 +114,7 @@ def test_packing_ab_on_a_tiny_model(tmp_path: Path) -> None:
 @pytest.mark.skipif(not precision.panels_apply(), reason="the engine packs no panels on this CPU")
 def test_panels_ab_on_a_tiny_model(tmp_path: Path) -> None:
     """bench/panels_ab.py: every figure at each shape is a positive time or ratio."""
-    res = run_ab(tmp_path, "panels_ab.py", "--shapes", "4x1,2x2", "--tokens", "4")
+    res = run_ab(tmp_path, "panels_ab.py", "--shapes", "4x1,2x2", "--tokens", "16")
     assert len(res) == 6
     assert all(math.isfinite(v) and v > 0 for v in res.values())
     assert {k.rsplit("_ctx", 1)[0] for k in res} == {"float32_b4", "float32_b2"}
