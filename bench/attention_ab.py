@@ -13,8 +13,10 @@ shape) and prompts of about 350 tokens (a 4-agent rollout's mean context).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from marft_engine import decode_attention, kernels
@@ -37,46 +39,37 @@ def call(eng: Engine, agents: list[str], ps: list[list[int]], n: int) -> None:
     eng.sample(SampleBatch(requests=reqs))
 
 
-def main() -> None:
-    ap = ab_arguments(__doc__ or "", SMOL)
-    ap.set_defaults(reps=3)
-    ap.add_argument(
-        "--threads", type=int, default=2, help="torch threads (a rollout's engine: all)"
-    )
-    ap.add_argument("--shapes", default="32x1,20x18")
-    ap.add_argument("--tokens", type=int, default=64)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if kernels.load() is None:
-        raise SystemExit(
-            "attention_ab: the kernel could not be built here (see the warning above)"
-        )
-    dtypes = ab_dtypes(args.dtypes, "attention_ab")
-
-    # every decode step of the sampler, timed, with the kernel on at odd steps
+def paired_steps(
+    eng: Engine,
+    agents: list[str],
+    switch: Callable[[bool], None],
+    sides: tuple[str, str],
+    key: str,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    """Every decode step of the sampler timed, `switch(True)` before odd steps and `switch(False)`
+    before even ones, over args.reps calls of args.tokens tokens at each of args.shapes (batch x
+    copies of a problem in a prompt): per shape, the median step of each side (sides: the names of on
+    and off) and the median of the paired ratios off / on."""
     steps: dict[bool, list[float]] = {False: [], True: []}
     original = Sampler._step
 
     def step(self: Sampler, base: object) -> None:
         on = len(steps[False]) > len(steps[True])
-        decode_attention.ENABLED = on
+        switch(on)
         t = time.perf_counter()
         original(self, base)  # type: ignore[arg-type]
         steps[on].append(time.perf_counter() - t)
 
     Sampler._step = step  # type: ignore[method-assign]
     res: dict[str, float] = {}
-    for dtype in dtypes:
-        eng = Engine(device="cpu", max_batch=64)
-        eng.create_base(BaseCreate(name="s", source=args.source, dtype=dtype))  # type: ignore[arg-type]
-        agents = add_adapters(eng, "s", "d", 4)
+    try:
         for shape in args.shapes.split(","):
             batch, copies = (int(x) for x in shape.split("x"))
             users = [" ".join([p] * copies) for p in problems(batch, 1)]
             ps = prompts_of(
                 eng.bases["s"].tokenizer, "You are a helpful assistant.", users
             )
-
             call(eng, agents, ps, 5)  # warm-up
             ratios, on_ms, off_ms = [], [], []
             for _ in range(args.reps):
@@ -88,14 +81,52 @@ def main() -> None:
                 ratios += [a / b for a, b in zip(off, on, strict=False)]
                 on_ms.append(1e3 * statistics.median(on))
                 off_ms.append(1e3 * statistics.median(off))
-            key = f"{dtype}_b{batch}_ctx{round(statistics.mean(map(len, ps)))}"
-            res[f"{key}_kernel_step_ms"] = statistics.median(on_ms)
-            res[f"{key}_sdpa_step_ms"] = statistics.median(off_ms)
-            res[f"{key}_speedup"] = statistics.median(ratios)
-            print(f"{key}: kernel {on_ms} ms, SDPA {off_ms} ms a step", flush=True)
+            name = f"{key}_b{batch}_ctx{round(statistics.mean(map(len, ps)))}"
+            res[f"{name}_{sides[0]}_step_ms"] = statistics.median(on_ms)
+            res[f"{name}_{sides[1]}_step_ms"] = statistics.median(off_ms)
+            res[f"{name}_speedup"] = statistics.median(ratios)
+            print(
+                f"{name}: {sides[0]} {on_ms} ms, {sides[1]} {off_ms} ms a step",
+                flush=True,
+            )
+    finally:
+        Sampler._step = original  # type: ignore[method-assign]
+        switch(True)
+    return res
+
+
+def step_arguments(doc: str, shapes: str) -> argparse.Namespace:
+    """The options of a paired decode-step A/B (this script, panels_ab.py), parsed; torch's threads
+    set."""
+    ap = ab_arguments(doc, SMOL)
+    ap.set_defaults(reps=3)
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch threads (a rollout's engine: all)"
+    )
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = step_arguments(__doc__ or "", "32x1,20x18")
+    if kernels.load() is None:
+        raise SystemExit(
+            "attention_ab: the kernel could not be built here (see the warning above)"
+        )
+    res: dict[str, float] = {}
+    for dtype in ab_dtypes(args.dtypes, "attention_ab"):
+        eng = Engine(device="cpu", max_batch=64)
+        eng.create_base(BaseCreate(name="s", source=args.source, dtype=dtype))  # type: ignore[arg-type]
+        agents = add_adapters(eng, "s", "d", 4)
+
+        def switch(on: bool) -> None:
+            decode_attention.ENABLED = on
+
+        res |= paired_steps(eng, agents, switch, ("kernel", "sdpa"), dtype, args)
         eng.close()
-    Sampler._step = original  # type: ignore[method-assign]
-    decode_attention.ENABLED = True
     write_figures(res, args.out)
 
 

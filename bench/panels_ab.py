@@ -13,29 +13,17 @@ over 4 LoRA adapters as a rollout decodes them, at each (batch, prompt length).
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
-from attention_ab import call
+from attention_ab import paired_steps, step_arguments
 from marft_engine import precision
 from marft_engine.engine import Engine
-from marft_engine.sampler import Sampler
 from marft_engine.schemas import BaseCreate
-from probe import ab_arguments, problems, prompts_of, write_figures
-from speed_bench import SMOL, add_adapters
+from probe import write_figures
+from speed_bench import add_adapters
 
 
 def main() -> None:
-    ap = ab_arguments(__doc__ or "", SMOL)
-    ap.set_defaults(reps=3)
-    ap.add_argument(
-        "--threads", type=int, default=2, help="torch threads (a rollout's engine: all)"
-    )
-    ap.add_argument("--shapes", default="8x1,20x8,32x1,20x18")
-    ap.add_argument("--tokens", type=int, default=64)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
     if not precision.panels_apply():
         raise SystemExit(
             "panels_ab: the engine packs no panels here (needs AVX2 and FMA, no AVX512, a C++ compiler)"
@@ -65,49 +53,12 @@ def main() -> None:
     most = precision.PANEL_MAX_ROWS
 
     def use_panels(on: bool) -> None:
-        precision.PANEL_MAX_ROWS = (
-            most if on else 0
-        )  # off: no product takes panels (LoRA stacks plain)
+        # off: no product takes panels (the LoRA stacks' products are plain)
+        precision.PANEL_MAX_ROWS = most if on else 0
         for m, p, b in zip(layers, panels, before, strict=True):
             m._marft_packed = b if not on and b is not None else p
 
-    # every decode step of the sampler, timed, with the panels on at odd steps
-    steps: dict[bool, list[float]] = {False: [], True: []}
-    original = Sampler._step
-
-    def step(self: Sampler, base: object) -> None:
-        on = len(steps[False]) > len(steps[True])
-        use_panels(on)
-        t = time.perf_counter()
-        original(self, base)  # type: ignore[arg-type]
-        steps[on].append(time.perf_counter() - t)
-
-    Sampler._step = step  # type: ignore[method-assign]
-    res: dict[str, float] = {}
-    for shape in args.shapes.split(","):
-        batch, copies = (int(x) for x in shape.split("x"))
-        users = [" ".join([p] * copies) for p in problems(batch, 1)]
-        ps = prompts_of(eng.bases["s"].tokenizer, "You are a helpful assistant.", users)
-        call(eng, agents, ps, 5)  # warm-up
-        ratios, on_ms, off_ms = [], [], []
-        for _ in range(args.reps):
-            steps[False].clear()
-            steps[True].clear()
-            call(eng, agents, ps, args.tokens + 1)
-            off, on = (
-                steps[False][1:],
-                steps[True][1:],
-            )  # the first pair after the prefill dropped
-            ratios += [a / b for a, b in zip(off, on, strict=False)]
-            on_ms.append(1e3 * statistics.median(on))
-            off_ms.append(1e3 * statistics.median(off))
-        key = f"float32_b{batch}_ctx{round(statistics.mean(map(len, ps)))}"
-        res[f"{key}_panels_step_ms"] = statistics.median(on_ms)
-        res[f"{key}_before_step_ms"] = statistics.median(off_ms)
-        res[f"{key}_speedup"] = statistics.median(ratios)
-        print(f"{key}: panels {on_ms} ms, before {off_ms} ms a step", flush=True)
-    Sampler._step = original  # type: ignore[method-assign]
-    use_panels(True)
+    res = paired_steps(eng, agents, use_panels, ("panels", "before"), "float32", args)
     eng.close()
     write_figures(res, args.out)
 
