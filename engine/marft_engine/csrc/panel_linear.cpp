@@ -46,7 +46,7 @@ inline void rows_times_panel(const float* x, int64_t K, const float* panel, floa
 #endif
 }  // namespace
 
-bool available() {
+bool panels_available() {
 #ifdef MARFT_AVX2
   return true;
 #else
