@@ -20,7 +20,7 @@ setup:
 # model cache (half a minute), so that no engine start pays for it (engine/marft_engine/kernels.py).
 # Without a C++ compiler the engine decodes with PyTorch's operations instead, and this step says so.
 KERNEL_STAMP := .cache/torch_extensions/.stamp
-$(KERNEL_STAMP): $(wildcard engine/marft_engine/csrc/*.cpp) $(VENV_STAMP)
+$(KERNEL_STAMP): $(wildcard engine/marft_engine/csrc/*.cpp engine/marft_engine/csrc/*.h) $(VENV_STAMP)
 	OMP_NUM_THREADS=1 $(VPY) -c "from marft_engine.kernels import load; \
 		print('CPU kernels:', 'built' if load() else 'not built, decoding with PyTorch operations')"
 	touch $@

@@ -3,6 +3,8 @@
 - `decode_attention`: a decode step's attention over the KV cache (decode_attention.py).
 - `pack_panels` / `panel_linear`: fp32 products of a few rows by a weight laid out once in panels of
   16 output columns (precision.py), where the CPU has AVX2 and FMA (`panels_available`).
+- `DecodeLayer` / `Proj`: a whole Llama-shaped decoder layer of a decode step on those panels
+  (fused_decode.py).
 
 The extension is compiled for this CPU (`-march=native`) by `torch.utils.cpp_extension` into the model
 cache (`make setup` builds it, tens of seconds; a cache hit costs about a second). Where it cannot be
@@ -24,6 +26,7 @@ from .models import cache_root
 log = logging.getLogger("marft.engine")
 
 SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.cpp"))
+HEADERS = sorted((Path(__file__).with_name("csrc")).glob("*.h"))
 # -ffast-math: vectorized reductions and exp (the attention kernel keeps every value finite, as that
 # assumes). -fopenmp: at::parallel_for is inlined here and splits the work over torch's threads with
 # OpenMP (without it, one thread).
@@ -49,7 +52,7 @@ def _name() -> str:
     """The extension's name: the sources, the flags, torch and this CPU (-march=native) in a hash, so
     a cached build never runs on a CPU or torch it was not built for."""
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         h.update(source.name.encode() + source.read_bytes())
     h.update(" ".join([*CFLAGS, torch.__version__, *sorted(cpu_flags())]).encode())
     return f"marft_kernels_{h.hexdigest()[:16]}"

@@ -47,6 +47,12 @@ def bump(*names: str) -> None:
         _all_changed = _epoch
 
 
+def epoch() -> int:
+    """Changes whenever any LoRA weight may have changed, or an adapter was created or deleted (a
+    stamp for what is built from all of them, such as fused_decode.py's layers)."""
+    return _epoch
+
+
 def weights_epoch(adapter: str) -> int:
     """Changes whenever `adapter`'s weights may have changed (a stamp for caches of its outputs,
     such as the sampler's prefix cache)."""

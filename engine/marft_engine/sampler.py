@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import lora_batch, unpad
+from . import fused_decode, lora_batch, unpad
 from .errors import BadRequest, Conflict
 from .kv_cache import KV, Running, Spans, layers_of
 from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
@@ -197,6 +197,8 @@ class Sampler:
         """The last position's logits [B, V] of a pass with each row through its own adapter; with
         index, those at the flattened [B * T] positions index [M] (`Base.last_logits`)."""
         with torch.no_grad(), base.autocast():
+            if (fused := fused_decode.logits(base.hf, kw, adapter_names, index)) is not None:
+                return fused  # a CPU decode step of one token a row (fused_decode.py)
             if base.peft is None:
                 return base.last_logits(kw, index)
             with lora_batch.rows(base.hf, adapter_names) as direct:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from helpers import PARITY_TOL
 from test_speculative import sample
 
-from marft_engine import decode_attention, kernels
+from marft_engine import decode_attention, fused_decode, kernels
 from marft_engine.engine import Engine
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="no C++ compiler here")
@@ -91,6 +91,7 @@ def test_sampling_with_the_kernel_equals_sampling_with_sdpa(
         return out
 
     monkeypatch.setattr(decode_attention, "attend", counted)
+    monkeypatch.setattr(fused_decode, "ENABLED", False)  # its steps call the kernel directly
     for draft, temperature in [(0, 0.0), (0, 1.0), (4, 0.0)]:
         with_kernel = sample(engine, draft, temperature, seed=7)
         assert any(calls) and not all(calls)  # its decode steps took the kernel, the prefills SDPA

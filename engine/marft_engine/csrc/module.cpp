@@ -6,10 +6,12 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
 bool panels_available();
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N);
+void bind_decode_layer(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "attention of a decode step over a KV cache (CPU, fp32)");
   m.def("panels_available", &panels_available, "whether panel_linear was built (AVX2 and FMA)");
   m.def("pack_panels", &pack_panels, "an fp32 weight [N, K] in panels of 16 output columns");
   m.def("panel_linear", &panel_linear, "x [M, K] times pack_panels' weight -> [M, N] (CPU, fp32)");
+  bind_decode_layer(m);
 }

@@ -8,25 +8,29 @@
 
 #include <algorithm>
 
+#include "panels.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MARFT_AVX2 1
 #endif
 
 namespace {
-constexpr int64_t NR = 16;  // output columns a panel: two 8-wide vectors
+using marft::NR;
 
 #ifdef MARFT_AVX2
-// y[r, :cols] = x[r, :] . panel for MR rows r of x [MR, K] (row stride K) and one panel [K, 16].
-// Named accumulators, not an array: GCC keeps an array of vectors on the stack, stored every k.
+// y[r, :cols] = (or += where acc) x[r, :] . panel for MR rows r of x [MR, K] (row stride ldx) and one
+// panel [K, 16]. Named accumulators, not an array: GCC keeps an array of vectors on the stack, stored
+// every k.
 template <int MR>
-inline void rows_times_panel(const float* x, int64_t K, const float* panel, float* y, int64_t ldy, int64_t cols) {
+inline void rows_times_panel(const float* x, int64_t ldx, int64_t K, const float* panel, float* y, int64_t ldy,
+                             int64_t cols, bool acc) {
   const __m256 z = _mm256_setzero_ps();
   __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z,
          c50 = z, c51 = z;
 #define MARFT_ROW(r)                                     \
   if constexpr (MR > r) {                                \
-    const __m256 b = _mm256_broadcast_ss(x + r * K + k); \
+    const __m256 b = _mm256_broadcast_ss(x + r * ldx + k); \
     c##r##0 = _mm256_fmadd_ps(b, w0, c##r##0);           \
     c##r##1 = _mm256_fmadd_ps(b, w1, c##r##1);           \
   }
@@ -40,7 +44,34 @@ inline void rows_times_panel(const float* x, int64_t K, const float* panel, floa
   for (int r = 0; r < MR; ++r) {
     _mm256_store_ps(out[r], sums[r][0]);
     _mm256_store_ps(out[r] + 8, sums[r][1]);
-    std::copy(out[r], out[r] + cols, y + r * ldy);
+    float* yr = y + r * ldy;
+    if (acc) {
+      for (int64_t c = 0; c < cols; ++c) yr[c] += out[r][c];
+    } else {
+      std::copy(out[r], out[r] + cols, yr);
+    }
+  }
+}
+
+// Rows [0, M) of job j times its panel p. Blocks of 6 rows, the last few as 4 + 3 or 4 + 4 rather than
+// 6 + 1 or 6 + 2: a block of 1 or 2 rows has too few independent sums to keep both multiply-add units busy.
+inline void job_panel(const marft::PanelJob& j, int64_t p, int64_t M) {
+  int64_t sixes = M / 6;
+  if (sixes > 0 && M % 6 != 0 && M % 6 <= 2) --sixes;
+  const float* panel = j.panels + p * j.K * NR;
+  const int64_t cols = std::min(NR, j.N - p * NR);
+  float* yp = j.y + p * NR;
+  int64_t m = 0;
+  for (; m < sixes * 6; m += 6) rows_times_panel<6>(j.x + m * j.ldx, j.ldx, j.K, panel, yp + m * j.ldy, j.ldy, cols, j.acc);
+  while (m < M) {
+    const int64_t r = std::min<int64_t>(4, M - m);
+    const float* x = j.x + m * j.ldx;
+    float* y = yp + m * j.ldy;
+    if (r == 4) rows_times_panel<4>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
+    else if (r == 3) rows_times_panel<3>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
+    else if (r == 2) rows_times_panel<2>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
+    else rows_times_panel<1>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
+    m += r;
   }
 }
 #endif
@@ -70,36 +101,30 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "panel_linear: x must be [M, K] fp32");
   TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x.size(1) && panels.size(2) == NR && panels.is_contiguous(),
               "panel_linear: panels must be pack_panels' [P, K, 16] for x's K");
+  TORCH_CHECK((N + NR - 1) / NR == panels.size(0), "panel_linear: N does not match the panels");
   x = x.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), P = panels.size(0);
+  const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
-  const float* X = x.data_ptr<float>();
-  const float* W = panels.data_ptr<float>();
-  float* Y = y.data_ptr<float>();
-  // Blocks of 6 rows, the last few as 4 + 3 or 4 + 4 rather than 6 + 1 or 6 + 2: a block of 1 or 2 rows
-  // has too few independent sums to keep both multiply-add units busy.
-  int64_t sixes = M / 6;
-  if (sixes > 0 && M % 6 != 0 && M % 6 <= 2) --sixes;
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t p = lo; p < hi; ++p) {
-      const float* panel = W + p * K * NR;
-      const int64_t cols = std::min(NR, N - p * NR);
-      float* yp = Y + p * NR;
-      int64_t m = 0;
-      for (; m < sixes * 6; m += 6) rows_times_panel<6>(X + m * K, K, panel, yp + m * N, N, cols);
-      while (m < M) {
-        const int64_t r = std::min<int64_t>(4, M - m);
-        if (r == 4) rows_times_panel<4>(X + m * K, K, panel, yp + m * N, N, cols);
-        else if (r == 3) rows_times_panel<3>(X + m * K, K, panel, yp + m * N, N, cols);
-        else if (r == 2) rows_times_panel<2>(X + m * K, K, panel, yp + m * N, N, cols);
-        else rows_times_panel<1>(X + m * K, K, panel, yp + m * N, N, cols);
-        m += r;
-      }
-    }
-  });
+  marft::panel_jobs({{x.data_ptr<float>(), K, K, panels.data_ptr<float>(), N, y.data_ptr<float>(), N, false}}, M);
   return y;
 #else
   TORCH_CHECK(false, "panel_linear: built without AVX2 and FMA");
   return x;
+#endif
+}
+
+void marft::panel_jobs(const std::vector<PanelJob>& jobs, int64_t M) {
+#ifdef MARFT_AVX2
+  std::vector<int64_t> first(jobs.size() + 1, 0);  // job j's panels are items [first[j], first[j + 1])
+  for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + (jobs[j].N + NR - 1) / NR;
+  at::parallel_for(0, first.back(), 1, [&](int64_t lo, int64_t hi) {
+    size_t j = 0;
+    for (int64_t item = lo; item < hi; ++item) {
+      while (item >= first[j + 1]) ++j;
+      job_panel(jobs[j], item - first[j], M);
+    }
+  });
+#else
+  TORCH_CHECK(false, "panel_jobs: built without AVX2 and FMA");
 #endif
 }

@@ -1,0 +1,43 @@
+"""The fused decode step (fused_decode.py) against the same step through Hugging Face's forward, in
+one engine: the two flip at every decode step of the same calls, so each pair of adjacent steps shares
+the machine's state of the moment. Both sides multiply on the same panels (precision.Panels) and
+attend with the same kernel; what differs is everything around them. fp32 only, on a CPU where the
+engine packs panels (AVX2 and FMA, no AVX512). Rows over 4 LoRA adapters as a rollout decodes them, at
+each (batch, prompt length).
+
+    .venv/bin/python bench/fused_ab.py [--reps 3] [--threads 2] [--shapes 8x1,20x8,32x1,20x18]
+        [--tokens 64] [--source pkg:smollm2-135m-instruct] [--out F.json]
+
+--shapes: batch x copies of a problem in each prompt (1: ~38 tokens, 18: ~350).
+"""
+
+from __future__ import annotations
+
+from attention_ab import paired_steps, step_arguments
+from marft_engine import fused_decode, precision
+from marft_engine.engine import Engine
+from marft_engine.schemas import BaseCreate
+from probe import write_figures
+from speed_bench import add_adapters
+
+
+def main() -> None:
+    args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
+    if not precision.panels_apply():
+        raise SystemExit(
+            "fused_ab: no panels here (needs AVX2 and FMA, no AVX512, a C++ compiler)"
+        )
+    eng = Engine(device="cpu", max_batch=64)
+    eng.create_base(BaseCreate(name="s", source=args.source, dtype="float32"))
+    agents = add_adapters(eng, "s", "d", 4)
+
+    def use_fused(on: bool) -> None:
+        fused_decode.ENABLED = on
+
+    res = paired_steps(eng, agents, use_fused, ("fused", "model"), "float32", args)
+    eng.close()
+    write_figures(res, args.out)
+
+
+if __name__ == "__main__":
+    main()

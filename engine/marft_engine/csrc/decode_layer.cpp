@@ -1,0 +1,216 @@
+// One decoder layer of a Llama-shaped model (Llama, Qwen2) for a CPU decode step in fp32, in one call
+// (fused_decode.py). Why: at a decode step's few rows the layer's arithmetic is small, and Hugging
+// Face's forward spends as long again in Python and in about 280 small tensor operations a layer
+// (norms, rotary, LoRA masks, views), each dispatched on its own (docs/MEASUREMENTS.md). Here the
+// same steps run in order on the panel kernel's products, with each group of products that read the
+// same input (q, k, v and their LoRA As; gate and up and theirs) in one parallel region.
+#include <ATen/Parallel.h>
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <vector>
+
+#include "panels.h"
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& keep, double scale);
+
+namespace {
+using marft::PanelJob;
+
+const float* ptr_or_null(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what) {
+  TORCH_CHECK(p.dim() == 3 && p.scalar_type() == torch::kFloat32 && p.is_contiguous() && p.size(1) == K &&
+                  p.size(2) == marft::NR && p.size(0) == (N + marft::NR - 1) / marft::NR,
+              "DecodeLayer: ", what, " must be pack_panels' [ceil(N / 16), K, 16] for N = ", N, ", K = ", K);
+}
+}  // namespace
+
+// A projection x W^T + bias + B (s A x) with each row through its own adapter's LoRA (lora_batch.py's
+// per-row path): A holds the adapters' A side by side ([n r, d_in], slot j in rows j r .. j r + r - 1),
+// B theirs ([d_out, n r], scaling folded in); row i keeps only its slot's block of A x (slot -1: none).
+struct Proj {
+  torch::Tensor w, bias, a, b;  // panels of W [N, K], bias [N] or empty, panels of A and B or empty
+  int64_t K, N, AN, r;          // in, out, A's outputs (n r), rank r
+  torch::Tensor slot;           // [M] int64: each row's LoRA slot, -1 for none; empty without LoRA
+
+  Proj(torch::Tensor w_, int64_t K_, int64_t N_, torch::Tensor bias_, torch::Tensor a_, int64_t AN_,
+       torch::Tensor b_, int64_t r_, torch::Tensor slot_)
+      : w(w_), bias(bias_), a(a_), b(b_), K(K_), N(N_), AN(AN_), r(r_), slot(slot_) {
+    check_panels(w, K, N, "a weight");
+    TORCH_CHECK(!bias.numel() || (bias.is_contiguous() && bias.numel() == N && bias.scalar_type() == torch::kFloat32),
+                "DecodeLayer: a bias must be [N] fp32");
+    if (lora()) {
+      check_panels(a, K, AN, "a LoRA A stack");
+      check_panels(b, AN, N, "a LoRA B stack");
+      TORCH_CHECK(r > 0 && AN % r == 0 && slot.scalar_type() == torch::kInt64 && slot.is_contiguous(),
+                  "DecodeLayer: LoRA rank and slots");
+    }
+  }
+  bool lora() const { return a.numel() > 0; }
+};
+
+class DecodeLayer {
+ public:
+  // ln1, ln2 [d]: the RMS norms before attention and before the MLP; projections q, k, v, o, gate, up,
+  // down; D the head size, scale the attention's.
+  DecodeLayer(torch::Tensor ln1, torch::Tensor ln2, double eps, std::vector<Proj> proj, int64_t D, double scale)
+      : ln1_(ln1.contiguous()), ln2_(ln2.contiguous()), eps_(eps), p_(std::move(proj)), D_(D), scale_(scale) {
+    TORCH_CHECK(p_.size() == 7, "DecodeLayer: 7 projections (q, k, v, o, gate, up, down)");
+    d_ = ln1_.numel();
+    TORCH_CHECK(p_[0].K == d_ && p_[1].K == d_ && p_[2].K == d_ && p_[4].K == d_ && p_[5].K == d_ &&
+                    p_[3].N == d_ && p_[6].N == d_ && p_[3].K == p_[0].N && p_[6].K == p_[4].N &&
+                    p_[4].N == p_[5].N && p_[1].N == p_[2].N && p_[0].N % D == 0 && p_[1].N % D == 0 &&
+                    (p_[0].N / D) % (p_[1].N / D) == 0 && D % 2 == 0,
+                "DecodeLayer: projection shapes do not fit one decoder layer");
+  }
+
+  // x [M, d]: the rows' residual stream; cos, sin [M, D] the rotary embedding of their positions;
+  // kbuf, vbuf [S, Hk, C, D] the slot cache (kv_cache.py): the step's keys and values go to column
+  // `end` of slots [0, M), and attention reads columns [start, end] with keep [M, 1, end + 1 - start].
+  // Returns the layer's output [M, d].
+  torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kbuf,
+                        torch::Tensor vbuf, int64_t start, int64_t end, torch::Tensor keep) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == d_ && x.is_contiguous() && x.scalar_type() == torch::kFloat32,
+                "DecodeLayer: x must be [M, d] fp32, contiguous");
+    const int64_t M = x.size(0), D = D_, H = p_[0].N / D, Hk = p_[1].N / D;
+    TORCH_CHECK(cos.sizes() == torch::IntArrayRef({M, D}) && sin.sizes() == cos.sizes() && cos.is_contiguous() &&
+                    sin.is_contiguous(),
+                "DecodeLayer: cos and sin must be [M, D], contiguous");
+    TORCH_CHECK(kbuf.dim() == 4 && kbuf.is_contiguous() && vbuf.is_contiguous() && kbuf.sizes() == vbuf.sizes() &&
+                    kbuf.size(0) >= M && kbuf.size(1) == Hk && kbuf.size(3) == D && 0 <= start && start <= end &&
+                    end < kbuf.size(2) && kbuf.scalar_type() == torch::kFloat32,
+                "DecodeLayer: the cache must be fp32 [S >= M, Hk, C > end, D]");
+    for (const Proj& p : p_) {
+      TORCH_CHECK(!p.lora() || p.slot.numel() == M, "DecodeLayer: LoRA slots for ", M, " rows");
+    }
+    auto opt = x.options();
+    auto h = torch::empty({M, d_}, opt);
+    rms_norm(x, ln1_, h);
+    auto q = torch::empty({M, p_[0].N}, opt), k = torch::empty({M, p_[1].N}, opt), v = torch::empty({M, p_[2].N}, opt);
+    project({0, 1, 2}, h, {&q, &k, &v});
+    rotary(q, cos, sin, H);
+    rotary(k, cos, sin, Hk);
+    const int64_t C = kbuf.size(2);
+    float* kb = kbuf.data_ptr<float>();
+    float* vb = vbuf.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t g = 0; g < Hk; ++g) {
+        const int64_t at = ((m * Hk + g) * C + end) * D;
+        std::copy_n(k.data_ptr<float>() + (m * Hk + g) * D, D, kb + at);
+        std::copy_n(v.data_ptr<float>() + (m * Hk + g) * D, D, vb + at);
+      }
+    }
+    const int64_t L = end + 1 - start;
+    auto attn = decode_attention(q.view({M, H, 1, D}), kbuf.narrow(0, 0, M).narrow(2, start, L),
+                                 vbuf.narrow(0, 0, M).narrow(2, start, L), keep.view({M, 1, L}), scale_);
+    auto o = torch::empty({M, d_}, opt);
+    project({3}, attn.view({M, H * D}), {&o});
+    auto x1 = x + o;  // the residual first, as Hugging Face adds it
+    rms_norm(x1, ln2_, h);
+    auto gate = torch::empty({M, p_[4].N}, opt), up = torch::empty({M, p_[4].N}, opt);
+    project({4, 5}, h, {&gate, &up});
+    float* g = gate.data_ptr<float>();
+    const float* u = up.data_ptr<float>();
+    for (int64_t i = 0, n = gate.numel(); i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // silu(g) u
+    auto down = torch::empty({M, d_}, opt);
+    project({6}, gate, {&down});
+    return x1 + down;
+  }
+
+ private:
+  // y [M, d] = x / rms(x) * w (Hugging Face's LlamaRMSNorm in fp32).
+  void rms_norm(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) const {
+    const int64_t M = x.size(0), d = d_;
+    const float* xp = x.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = xp + m * d;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(eps_));
+      for (int64_t i = 0; i < d; ++i) yp[m * d + i] = wp[i] * (xr[i] * inv);
+    }
+  }
+
+  // t [M, heads * D] rotated in place: t cos + rotate_half(t) sin per head, rotate_half(a, b) = (-b, a).
+  void rotary(torch::Tensor& t, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads) const {
+    const int64_t M = t.size(0), D = D_, half = D / 2;
+    float* tp = t.data_ptr<float>();
+    const float* c = cos.data_ptr<float>();
+    const float* s = sin.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        float* a = tp + (m * heads + hd) * D;
+        const float* cm = c + m * D;
+        const float* sm = s + m * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = a[i], x2 = a[i + half];
+          a[i] = x1 * cm[i] - x2 * sm[i];
+          a[i + half] = x2 * cm[i + half] + x1 * sm[i + half];
+        }
+      }
+    }
+  }
+
+  // out[j] = in W_j^T + bias_j + LoRA_j for the projections `which`, which all read `in` [M, K]: the base
+  // products and the LoRA As in one parallel region, each row's other slots zeroed, then the Bs in another.
+  void project(std::initializer_list<int> which, const torch::Tensor& in, std::vector<torch::Tensor*> out) const {
+    const int64_t M = in.size(0), K = in.size(1);
+    const float* X = in.data_ptr<float>();
+    std::vector<PanelJob> jobs;
+    std::vector<torch::Tensor> xa(out.size());
+    size_t n = 0;
+    for (int j : which) {
+      const Proj& p = p_[j];
+      jobs.push_back({X, K, K, p.w.data_ptr<float>(), p.N, out[n]->data_ptr<float>(), p.N, false});
+      if (p.lora()) {
+        xa[n] = torch::empty({M, p.AN}, in.options());
+        jobs.push_back({X, K, K, p.a.data_ptr<float>(), p.AN, xa[n].data_ptr<float>(), p.AN, false});
+      }
+      ++n;
+    }
+    marft::panel_jobs(jobs, M);
+    jobs.clear();
+    n = 0;
+    for (int j : which) {
+      const Proj& p = p_[j];
+      float* y = out[n]->data_ptr<float>();
+      if (const float* bias = ptr_or_null(p.bias)) {
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t c = 0; c < p.N; ++c) y[m * p.N + c] += bias[c];
+      }
+      if (p.lora()) {
+        float* a = xa[n].data_ptr<float>();
+        const int64_t* slot = p.slot.data_ptr<int64_t>();
+        for (int64_t m = 0; m < M; ++m) {
+          const int64_t lo = slot[m] * p.r, hi = slot[m] < 0 ? 0 : lo + p.r;  // the row's own block
+          for (int64_t c = 0; c < p.AN; ++c)
+            if (c < lo || c >= hi) a[m * p.AN + c] = 0.f;
+        }
+        jobs.push_back({a, p.AN, p.AN, p.b.data_ptr<float>(), p.N, y, p.N, true});
+      }
+      ++n;
+    }
+    if (!jobs.empty()) marft::panel_jobs(jobs, M);
+  }
+
+  torch::Tensor ln1_, ln2_;
+  double eps_;
+  std::vector<Proj> p_;
+  int64_t D_, d_;
+  double scale_;
+};
+
+void bind_decode_layer(pybind11::module& m) {
+  pybind11::class_<Proj>(m, "Proj", "a projection's panels, bias and per-row LoRA (decode_layer.cpp)")
+      .def(pybind11::init<torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, int64_t, torch::Tensor,
+                          int64_t, torch::Tensor>());
+  pybind11::class_<DecodeLayer>(m, "DecodeLayer", "one Llama-shaped decoder layer for a CPU decode step")
+      .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<Proj>, int64_t, double>())
+      .def("forward", &DecodeLayer::forward);
+}

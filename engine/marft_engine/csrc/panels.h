@@ -1,0 +1,24 @@
+// The panel kernel's products as jobs (panel_linear.cpp), for the fused decode layer (decode_layer.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace marft {
+constexpr int64_t NR = 16;  // output columns a panel: two 8-wide vectors
+
+// y[:M, :N] (=, or += where acc) x[:M, :K] times the panels [P, K, 16] of a weight [N, K].
+struct PanelJob {
+  const float* x;
+  int64_t ldx;  // x's row stride
+  int64_t K;
+  const float* panels;
+  int64_t N;
+  float* y;
+  int64_t ldy;  // y's row stride
+  bool acc;
+};
+
+// Every job's M rows, all their panels split over torch's threads at once: several small products
+// (a layer's q, k and v, their LoRA As) cost one parallel region, not one each.
+void panel_jobs(const std::vector<PanelJob>& jobs, int64_t M);
+}  // namespace marft
