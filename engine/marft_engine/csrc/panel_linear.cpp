@@ -53,12 +53,13 @@ inline void rows_times_panel(const float* x, int64_t ldx, int64_t K, const float
   }
 }
 
-// Rows [0, M) of job j times its panel p. Blocks of 6 rows, the last few as 4 + 3 or 4 + 4 rather than
+// Rows [0, j.M) of job j times its panel p. Blocks of 6 rows, the last few as 4 + 3 or 4 + 4 rather than
 // 6 + 1 or 6 + 2: a block of 1 or 2 rows has too few independent sums to keep both multiply-add units busy.
-inline void job_panel(const marft::PanelJob& j, int64_t p, int64_t M) {
+inline void job_panel(const marft::PanelJob& j, int64_t p) {
+  const int64_t M = j.M;
   int64_t sixes = M / 6;
   if (sixes > 0 && M % 6 != 0 && M % 6 <= 2) --sixes;
-  const float* panel = j.panels + p * j.K * NR;
+  const float* panel = j.panels + p * j.pstride;
   const int64_t cols = std::min(NR, j.N - p * NR);
   float* yp = j.y + p * NR;
   int64_t m = 0;
@@ -105,7 +106,7 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
-  marft::panel_jobs({{x.data_ptr<float>(), K, K, panels.data_ptr<float>(), N, y.data_ptr<float>(), N, false}}, M);
+  marft::panel_jobs({{M, x.data_ptr<float>(), K, K, panels.data_ptr<float>(), K * NR, N, y.data_ptr<float>(), N, false}});
   return y;
 #else
   TORCH_CHECK(false, "panel_linear: built without AVX2 and FMA");
@@ -113,7 +114,7 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
 #endif
 }
 
-void marft::panel_jobs(const std::vector<PanelJob>& jobs, int64_t M) {
+void marft::panel_jobs(const std::vector<PanelJob>& jobs) {
 #ifdef MARFT_AVX2
   std::vector<int64_t> first(jobs.size() + 1, 0);  // job j's panels are items [first[j], first[j + 1])
   for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + (jobs[j].N + NR - 1) / NR;
@@ -121,7 +122,7 @@ void marft::panel_jobs(const std::vector<PanelJob>& jobs, int64_t M) {
     size_t j = 0;
     for (int64_t item = lo; item < hi; ++item) {
       while (item >= first[j + 1]) ++j;
-      job_panel(jobs[j], item - first[j], M);
+      job_panel(jobs[j], item - first[j]);
     }
   });
 #else
