@@ -95,7 +95,8 @@ def inverse_cdf(
     if V % BLOCK:
         p = F.pad(p, (0, nb * BLOCK - V))  # [S, nb * BLOCK]; the padding has probability 0
     blocks = p.view(S, nb, BLOCK)  # [S, nb, BLOCK]
-    cum = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [S, nb]
+    # converted, then summed: `sum(dtype=float64)` converts as it goes, much slower on a CPU
+    cum = blocks.double().sum(-1).cumsum(-1)  # [S, nb]
     target = uniforms * cum[:, -1]  # [S]
     # right=True: the first block whose CDF exceeds the target; rounding past the end takes the last
     # block with any mass
