@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from marft_engine import decode_attention, kernels
+from marft_engine import decode_attention, fused_decode, kernels
 from marft_engine.engine import Engine
 from marft_engine.sampler import Sampler
 from marft_engine.schemas import BaseCreate, SampleBatch, SampleRequest, SamplingParams
@@ -116,6 +116,9 @@ def main() -> None:
         raise SystemExit(
             "attention_ab: the kernel could not be built here (see the warning above)"
         )
+    # Both sides through the model's forward: the fused decode layer calls the kernel itself, whatever
+    # decode_attention.ENABLED says, so with it on this would pair the fused layer with itself.
+    fused_decode.ENABLED = False
     res: dict[str, float] = {}
     for dtype in ab_dtypes(args.dtypes, "attention_ab"):
         eng = Engine(device="cpu", max_batch=64)

@@ -34,8 +34,24 @@ def main() -> None:
     def use_fused(on: bool) -> None:
         fused_decode.ENABLED = on
 
+    took = [
+        0
+    ]  # fused steps: the fused side must have been fused, or the pairs compare nothing
+    logits = fused_decode.logits
+
+    def counted(*a: object, **k: object) -> object:
+        out = logits(*a, **k)  # type: ignore[arg-type]
+        took[0] += out is not None
+        return out
+
+    fused_decode.logits = counted  # type: ignore[assignment]
     res = paired_steps(eng, agents, use_fused, ("fused", "model"), "float32", args)
     eng.close()
+    if not took[0]:
+        raise SystemExit(
+            f"fused_ab: no decode step of {args.source} took the fused layer"
+        )
+    res["fused_steps"] = took[0]
     write_figures(res, args.out)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from attention_ab import paired_steps, step_arguments
-from marft_engine import precision
+from marft_engine import fused_decode, precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import BaseCreate
 from probe import write_figures
@@ -28,6 +28,9 @@ def main() -> None:
         raise SystemExit(
             "panels_ab: the engine packs no panels here (needs AVX2 and FMA, no AVX512, a C++ compiler)"
         )
+    # Both sides through the model's forward: the fused decode layer takes panels only, so with it
+    # on, the panel side would be fused and the other not, and the pairs would measure both changes.
+    fused_decode.ENABLED = False
     eng = Engine(device="cpu", max_batch=64)
     eng.create_base(BaseCreate(name="s", source=args.source, dtype="float32"))
     agents = add_adapters(eng, "s", "d", 4)
