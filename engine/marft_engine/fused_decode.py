@@ -56,6 +56,9 @@ def logits(
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
         and _shape_fits(model)
+        # not cached with the shape: an adapter may put a LoRA layer on the head or the embedding
+        and type(model.lm_head) is torch.nn.Linear
+        and type(model.model.embed_tokens) is torch.nn.Embedding
     ):
         return None
     slots = getattr(cache, "layers", None)
@@ -101,9 +104,7 @@ def _check_shape(model: PreTrainedModel) -> bool:
         or getattr(c, "use_sliding_window", False)
         or not precision.panels_apply()
         or kernels.load() is None
-        or type(model.lm_head) is not torch.nn.Linear
-        or not isinstance(getattr(model.lm_head, "_marft_packed", None), precision.Panels)
-        or type(model.model.embed_tokens) is not torch.nn.Embedding
+        or not isinstance(getattr(_plain(model.lm_head), "_marft_packed", None), precision.Panels)
     ):
         return False
     for layer in model.model.layers:
@@ -111,12 +112,16 @@ def _check_shape(model: PreTrainedModel) -> bool:
         if {n for n, _ in attn.named_children()} - {"q_proj", "k_proj", "v_proj", "o_proj"}:
             return False  # q/k norms (Qwen3) or anything else the kernel does not do
         for m in _modules(layer):
-            base = m.get_base_layer() if isinstance(m, lora_layer.Linear) else m
-            if not isinstance(getattr(base, "_marft_packed", None), precision.Panels):
+            if not isinstance(getattr(_plain(m), "_marft_packed", None), precision.Panels):
                 return False
         if type(mlp.act_fn).__name__ != "SiLUActivation" and not isinstance(mlp.act_fn, torch.nn.SiLU):
             return False
     return True
+
+
+def _plain(m: torch.nn.Module) -> torch.nn.Module:
+    """The frozen layer under a LoRA layer, or the layer itself."""
+    return m.get_base_layer() if isinstance(m, lora_layer.LoraLayer) else m
 
 
 def _modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
@@ -163,7 +168,7 @@ def _layers(model: PreTrainedModel, adapter_names: list[str]) -> list[object] | 
 def _proj(k: object, m: torch.nn.Module, names: tuple[str, ...], adapter_names: list[str]) -> object | None:
     """A projection for the kernel: its base panels and bias, and the rows' LoRA (lora_batch._stacks)."""
     lora = isinstance(m, lora_layer.Linear)
-    base = m.get_base_layer() if lora else m
+    base = _plain(m)
     panels: precision.Panels = base._marft_packed
     bias = _EMPTY if base.bias is None else base.bias.detach().float().contiguous()
     K, N = base.in_features, base.out_features

@@ -117,3 +117,37 @@ def test_new_adapter_weights_reach_the_next_call(
             for p, s in zip(engine.adapters["A"].params, saved, strict=True):
                 p.copy_(s)
         lora_batch.bump("A")
+
+
+def test_a_lora_on_the_head_takes_the_model_forward(
+    counted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adapter with a LoRA on the LM head: the fused step does not apply (it runs the plain head),
+    and sampling through the model gives what it gives with the fused step off."""
+    from marft_engine.schemas import AdapterCreate, LoraConfig
+
+    e = Engine(device="cpu", max_batch=64)
+    try:
+        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=4, dtype="float32"))
+        e.create_adapter(
+            AdapterCreate(
+                name="H", base="b", lora=LoraConfig(r=2, alpha=4, target_modules=["q_proj", "lm_head"])
+            )
+        )
+        with torch.no_grad():
+            for p in e.adapters["H"].params:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5)) * 0.5)
+        lora_batch.bump()
+        req = SampleRequest(
+            adapter="H",
+            base="b",
+            prompt_ids=[1, 2, 3],
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=5),
+        )
+        on = e.sample(SampleBatch(requests=[req])).results[0].completions[0]
+        assert counted and not any(counted)
+        monkeypatch.setattr(fused_decode, "ENABLED", False)
+        off = e.sample(SampleBatch(requests=[req])).results[0].completions[0]
+        assert on.response_ids == off.response_ids and on.logprobs == off.logprobs
+    finally:
+        e.close()

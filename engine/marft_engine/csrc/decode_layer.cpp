@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "elementwise.h"
 #include "panels.h"
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -112,9 +113,7 @@ class DecodeLayer {
     rms_norm(x1, ln2_, h);
     auto gate = torch::empty({M, p_[4].N}, opt), up = torch::empty({M, p_[4].N}, opt);
     project({4, 5}, h, {&gate, &up});
-    float* g = gate.data_ptr<float>();
-    const float* u = up.data_ptr<float>();
-    for (int64_t i = 0, n = gate.numel(); i < n; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // silu(g) u
+    marft::silu_mul_inplace(gate.data_ptr<float>(), up.data_ptr<float>(), gate.numel());
     auto down = torch::empty({M, d_}, opt);
     project({6}, gate, {&down});
     return x1 + down;
@@ -123,18 +122,8 @@ class DecodeLayer {
  private:
   // y [M, d] = x / rms(x) * w (Hugging Face's LlamaRMSNorm in fp32).
   void rms_norm(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) const {
-    const int64_t M = x.size(0), d = d_;
-    const float* xp = x.data_ptr<float>();
-    const float* wp = w.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xr = xp + m * d;
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(eps_));
-      for (int64_t i = 0; i < d; ++i) yp[m * d + i] = wp[i] * (xr[i] * inv);
-    }
+    marft::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), x.size(0), d_,
+                         static_cast<float>(eps_));
   }
 
   // t [M, heads * D] rotated in place: t cos + rotate_half(t) sin per head, rotate_half(a, b) = (-b, a).

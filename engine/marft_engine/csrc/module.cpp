@@ -7,6 +7,8 @@ bool panels_available();
 torch::Tensor pack_panels(torch::Tensor w);
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N);
 void bind_decode_layer(pybind11::module& m);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor silu_mul(torch::Tensor g, torch::Tensor u);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "attention of a decode step over a KV cache (CPU, fp32)");
@@ -14,4 +16,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_panels", &pack_panels, "an fp32 weight [N, K] in panels of 16 output columns");
   m.def("panel_linear", &panel_linear, "x [M, K] times pack_panels' weight -> [M, N] (CPU, fp32)");
   bind_decode_layer(m);
+  m.def("rms_norm", &rms_norm, "x [..., d] / rms(x) * w (CPU, fp32)");
+  m.def("silu_mul", &silu_mul, "silu(g) * u (CPU, fp32)");
 }
