@@ -14,29 +14,20 @@ each (batch, prompt length).
 from __future__ import annotations
 
 from attention_ab import paired_steps, step_arguments
-from marft_engine import fused_decode, precision
-from marft_engine.engine import Engine
-from marft_engine.schemas import BaseCreate
+from marft_engine import fused_decode
+from panels_ab import panels_engine
 from probe import write_figures
-from speed_bench import add_adapters
 
 
 def main() -> None:
     args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
-    if not precision.panels_apply():
-        raise SystemExit(
-            "fused_ab: no panels here (needs AVX2 and FMA, no AVX512, a C++ compiler)"
-        )
-    eng = Engine(device="cpu", max_batch=64)
-    eng.create_base(BaseCreate(name="s", source=args.source, dtype="float32"))
-    agents = add_adapters(eng, "s", "d", 4)
+    eng, agents = panels_engine(args.source, "fused_ab")
 
     def use_fused(on: bool) -> None:
         fused_decode.ENABLED = on
 
-    took = [
-        0
-    ]  # fused steps: the fused side must have been fused, or the pairs compare nothing
+    # fused steps: the fused side must have been fused, or the pairs compare nothing
+    took = [0]
     logits = fused_decode.logits
 
     def counted(*a: object, **k: object) -> object:

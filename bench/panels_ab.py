@@ -22,18 +22,24 @@ from probe import write_figures
 from speed_bench import add_adapters
 
 
-def main() -> None:
-    args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
+def panels_engine(source: str, script: str) -> tuple[Engine, list[str]]:
+    """An fp32 engine on `source` with 4 LoRA adapters (their names), where the engine packs panels;
+    else exits, saying so for `script`."""
     if not precision.panels_apply():
         raise SystemExit(
-            "panels_ab: the engine packs no panels here (needs AVX2 and FMA, no AVX512, a C++ compiler)"
+            f"{script}: the engine packs no panels here (needs AVX2 and FMA, no AVX512, a C++ compiler)"
         )
+    eng = Engine(device="cpu", max_batch=64)
+    eng.create_base(BaseCreate(name="s", source=source, dtype="float32"))
+    return eng, add_adapters(eng, "s", "d", 4)
+
+
+def main() -> None:
+    args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
     # Both sides through the model's forward: the fused decode layer takes panels only, so with it
     # on, the panel side would be fused and the other not, and the pairs would measure both changes.
     fused_decode.ENABLED = False
-    eng = Engine(device="cpu", max_batch=64)
-    eng.create_base(BaseCreate(name="s", source=args.source, dtype="float32"))
-    agents = add_adapters(eng, "s", "d", 4)
+    eng, agents = panels_engine(args.source, "panels_ab")
     layers = [
         m
         for m in eng.bases["s"].hf.modules()

@@ -10,9 +10,9 @@ cache (kv_cache.py). The embedding, the rotary tables, the final norm and the he
 It applies to the sampler's decode steps of one token a row (no drafts) on a CPU base that computes
 in fp32 with its weights in panels (`precision.panels_apply`), of at most PANEL_MAX_ROWS rows, where
 the model is a Llama or Qwen2 (full attention, SiLU MLP, no q/k norms, plain embedding and head) and
-every LoRA layer is a plain LoRA Linear without dropout. Elsewhere, or with MARFT_FUSED_DECODE=0, the
-step runs through Hugging Face's forward: the same tokens and log-probs within fp32 rounding
-(tests/test_fused_decode.py).
+every LoRA layer is a plain LoRA Linear without dropout. Elsewhere, or with MARFT_FUSED_DECODE=0 (or
+MARFT_DECODE_KERNEL=0, which asks for SDPA's attention), the step runs through Hugging Face's
+forward: the same tokens and log-probs within fp32 rounding (tests/test_fused_decode.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from peft.tuners.lora import layer as lora_layer
 from transformers import PreTrainedModel
 
-from . import kernels, lora_batch, precision
+from . import decode_attention, kernels, lora_batch, precision
 from .kv_cache import SlotLayer
 
 ENABLED = os.environ.get("MARFT_FUSED_DECODE", "1") != "0"  # the bench's A/B flips it in-process
@@ -45,6 +45,7 @@ def logits(
     )
     if not (
         ENABLED
+        and decode_attention.ENABLED  # MARFT_DECODE_KERNEL=0: SDPA, through the model's forward
         and index is None
         and isinstance(ids, torch.Tensor)
         and isinstance(mask, torch.Tensor)

@@ -41,6 +41,21 @@ def add_policy(engine: Engine, name: str, base: str = "b", seed: int = 0, lr: fl
     perturb(engine, name, 1000 + seed)
 
 
+def applied(monkeypatch: object, module: object, name: str) -> list[bool]:
+    """Wrap module.name, a function that returns None where it does not apply: the list it returns
+    records, call by call, whether it applied (monkeypatch: pytest's, which undoes the wrap)."""
+    calls: list[bool] = []
+    fn = getattr(module, name)
+
+    def wrapped(*a: object, **k: object) -> object:
+        out = fn(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(module, name, wrapped)  # type: ignore[attr-defined]
+    return calls
+
+
 PARITY_TOL = 1e-4  # CPU fp32: sample (KV cache, left padding) vs forward (full sequence, right padding)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import PARITY_TOL
+from helpers import PARITY_TOL, applied
 from test_speculative import sample
 
 from marft_engine import decode_attention, fused_decode, kernels
@@ -82,15 +82,7 @@ def test_sampling_with_the_kernel_equals_sampling_with_sdpa(
 ) -> None:
     """Greedy and seeded sampling, with and without drafts, over two adapters and the bare base, joins
     and leaves: the kernel's steps give the tokens SDPA's give, log-probs within the parity tolerance."""
-    calls: list[int] = []
-    attend = decode_attention.attend
-
-    def counted(*a: object, **k: object) -> torch.Tensor | None:
-        out = attend(*a, **k)  # type: ignore[arg-type]
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(decode_attention, "attend", counted)
+    calls = applied(monkeypatch, decode_attention, "attend")
     monkeypatch.setattr(fused_decode, "ENABLED", False)  # its steps call the kernel directly
     for draft, temperature in [(0, 0.0), (0, 1.0), (4, 0.0)]:
         with_kernel = sample(engine, draft, temperature, seed=7)

@@ -2,33 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers import PARITY_TOL, add_policy
+from helpers import PARITY_TOL, add_policy, applied, perturb
 from test_speculative import sample
 
-from marft_engine import fused_decode, lora_batch, precision
+from marft_engine import decode_attention, fused_decode, lora_batch, precision
 from marft_engine.engine import Engine
-from marft_engine.schemas import BaseCreate, SampleBatch, SampleRequest, SamplingParams
+from marft_engine.schemas import (
+    AdapterCreate,
+    BaseCreate,
+    LoraConfig,
+    SampleBatch,
+    SampleRequest,
+    SamplingParams,
+)
 
 pytestmark = pytest.mark.skipif(not precision.panels_apply(), reason="no panel kernel on this CPU")
 
 
 @pytest.fixture
-def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each sampler model call took the fused step."""
-    calls: list[bool] = []
-    fused = fused_decode.logits
+    return applied(monkeypatch, fused_decode, "logits")
 
-    def count(*a: object, **k: object) -> torch.Tensor | None:
-        out = fused(*a, **k)  # type: ignore[arg-type]
-        calls.append(out is not None)
-        return out
 
-    monkeypatch.setattr(fused_decode, "logits", count)
-    yield calls
+@contextlib.contextmanager
+def _engine_with(source: str, seed: int, adapter: str, targets: list[str]) -> Iterator[Engine]:
+    """An engine on a tiny base with one random adapter of rank 2 on `targets`, closed after."""
+    e = Engine(device="cpu", max_batch=64)
+    try:
+        e.create_base(BaseCreate(name="b", source=source, seed=seed, dtype="float32"))
+        e.create_adapter(
+            AdapterCreate(name=adapter, base="b", lora=LoraConfig(r=2, alpha=4, target_modules=targets))
+        )
+        perturb(e, adapter, seed + 100)
+        yield e
+    finally:
+        e.close()
 
 
 def _compare(
@@ -64,24 +78,9 @@ def test_a_base_with_biases_and_lora_on_some_layers(
 ) -> None:
     """Qwen2 (biases on q, k and v) with adapters of different ranks on different projections, so
     some projections carry no LoRA and one adapter none on a projection another has."""
-    from marft_engine.schemas import AdapterCreate, LoraConfig
-
-    e = Engine(device="cpu", max_batch=64)
-    try:
-        e.create_base(BaseCreate(name="b", source="tiny:qwen2", seed=3, dtype="float32"))
+    with _engine_with("tiny:qwen2", 3, "B", ["q_proj", "up_proj"]) as e:
         add_policy(e, "A", seed=1)
-        e.create_adapter(
-            AdapterCreate(
-                name="B", base="b", lora=LoraConfig(r=2, alpha=4, target_modules=["q_proj", "up_proj"])
-            )
-        )
-        with torch.no_grad():
-            for p in e.adapters["B"].params:
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(9)) * 0.5)
-        lora_batch.bump()
         _compare(e, counted, monkeypatch, 0, 1.0)
-    finally:
-        e.close()
 
 
 def test_new_adapter_weights_reach_the_next_call(
@@ -124,20 +123,7 @@ def test_a_lora_on_the_head_takes_the_model_forward(
 ) -> None:
     """An adapter with a LoRA on the LM head: the fused step does not apply (it runs the plain head),
     and sampling through the model gives what it gives with the fused step off."""
-    from marft_engine.schemas import AdapterCreate, LoraConfig
-
-    e = Engine(device="cpu", max_batch=64)
-    try:
-        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=4, dtype="float32"))
-        e.create_adapter(
-            AdapterCreate(
-                name="H", base="b", lora=LoraConfig(r=2, alpha=4, target_modules=["q_proj", "lm_head"])
-            )
-        )
-        with torch.no_grad():
-            for p in e.adapters["H"].params:
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5)) * 0.5)
-        lora_batch.bump()
+    with _engine_with("tiny:llama", 4, "H", ["q_proj", "lm_head"]) as e:
         req = SampleRequest(
             adapter="H",
             base="b",
@@ -149,5 +135,13 @@ def test_a_lora_on_the_head_takes_the_model_forward(
         monkeypatch.setattr(fused_decode, "ENABLED", False)
         off = e.sample(SampleBatch(requests=[req])).results[0].completions[0]
         assert on.response_ids == off.response_ids and on.logprobs == off.logprobs
-    finally:
-        e.close()
+
+
+def test_sdpa_asked_for_takes_the_model_forward(
+    engine: Engine, counted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MARFT_DECODE_KERNEL=0 (decode_attention.ENABLED off) asks for SDPA's attention, which only the
+    model's forward has: no step is fused."""
+    monkeypatch.setattr(decode_attention, "ENABLED", False)
+    sample(engine, 0, 0.0, seed=2)
+    assert counted and not any(counted)
