@@ -24,7 +24,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import cpu_ops, decode_attention, kernels, unpad
+from . import decode_attention, kernels, unpad
 from .kernels import cpu_flags
 
 DECODE_ATTENTION = "marft_sdpa"  # the name the attention override is registered under
@@ -62,7 +62,6 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
         return None
     install_decode_attention(model)
     kernels.load()  # built (once, tens of seconds) or loaded here, not in the first decode step
-    cpu_ops.install(model)
     if dtype == torch.bfloat16:
         bf16_linear_weights(model)
     pack_linear_weights(model)

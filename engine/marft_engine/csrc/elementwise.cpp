@@ -1,8 +1,6 @@
-// Element-wise steps of a Llama-shaped layer in fp32 on a CPU (elementwise.h). Why: PyTorch runs an
-// RMS norm as five passes over the rows (square, mean, add, rsqrt, two products) and a SiLU-gated MLP's
-// middle as two (silu, product), each writing a tensor the size of its input; at a prefill's
-// thousands of rows those passes were a noticeable share next to the products (docs/MEASUREMENTS.md).
-// Here each is one pass, split over torch's threads.
+// Element-wise steps of a Llama-shaped layer in fp32 on a CPU (elementwise.h): an RMS norm and
+// silu(gate) * up, each one pass (PyTorch makes five and two), split over torch's threads where large.
+// `rms_norm` and `silu_mul` expose them to the tests.
 #include "elementwise.h"
 
 #include <ATen/Parallel.h>

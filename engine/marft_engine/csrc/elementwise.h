@@ -1,5 +1,5 @@
 // Element-wise steps of a Llama-shaped layer in fp32 (elementwise.cpp), for the fused decode layer
-// (decode_layer.cpp) and for passes without gradients (cpu_ops.py).
+// (decode_layer.cpp).
 #pragma once
 #include <cstdint>
 
