@@ -142,11 +142,12 @@ def _layers(model: PreTrainedModel, adapter_names: list[str]) -> list[object] | 
     k = kernels.load()
     assert k is not None
     names = tuple(sorted(set(adapter_names)))
+    row_slots: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}  # per slot layout: each row's slot
     layers = []
     for layer in model.model.layers:
         projs = []
         for m in _modules(layer):
-            p = _proj(k, m, names, adapter_names)
+            p = _proj(k, m, names, adapter_names, row_slots)
             if p is None:
                 return None
             projs.append(p)
@@ -166,7 +167,13 @@ def _layers(model: PreTrainedModel, adapter_names: list[str]) -> list[object] | 
     return layers
 
 
-def _proj(k: object, m: torch.nn.Module, names: tuple[str, ...], adapter_names: list[str]) -> object | None:
+def _proj(
+    k: object,
+    m: torch.nn.Module,
+    names: tuple[str, ...],
+    adapter_names: list[str],
+    row_slots: dict[tuple[tuple[str, int], ...], torch.Tensor],
+) -> object | None:
     """A projection for the kernel: its base panels and bias, and the rows' LoRA (lora_batch._stacks)."""
     lora = isinstance(m, lora_layer.Linear)
     base = _plain(m)
@@ -187,6 +194,9 @@ def _proj(k: object, m: torch.nn.Module, names: tuple[str, ...], adapter_names: 
     A, _, slot, A_packed, B_packed = lora_batch._stacks(m, names, torch.float32)
     if not isinstance(A_packed, precision.Panels) or not isinstance(B_packed, precision.Panels):
         return None
-    slots = torch.tensor([slot.get(a, -1) for a in adapter_names], dtype=torch.int64)  # [B]
+    key = tuple(slot.items())  # the same for every projection whose LoRA the same adapters have
+    if key not in row_slots:
+        row_slots[key] = torch.tensor([slot.get(a, -1) for a in adapter_names], dtype=torch.int64)  # [B]
+    slots = row_slots[key]
     r = A.shape[0] // len(slot)
     return k.Proj(panels.data, K, N, bias, A_packed.data, A.shape[0], B_packed.data, r, slots)  # type: ignore[attr-defined]

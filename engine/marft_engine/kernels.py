@@ -4,7 +4,8 @@
 - `pack_panels` / `panel_linear`: fp32 products of a few rows by a weight laid out once in panels of
   16 output columns (precision.py), where the CPU has AVX2 and FMA (`panels_available`).
 - `DecodeLayer` / `Proj`: a whole Llama-shaped decoder layer of a decode step on those panels
-  (fused_decode.py).
+  (fused_decode.py); its RMS norm and SiLU-gated MLP middle are also bound as `rms_norm` and
+  `silu_mul`, for their tests.
 
 The extension is compiled for this CPU (`-march=native`) by `torch.utils.cpp_extension` into the model
 cache (`make setup` builds it, tens of seconds; a cache hit costs about a second). Where it cannot be
