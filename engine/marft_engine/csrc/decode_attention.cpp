@@ -48,18 +48,33 @@ inline __m256 scores8(const float* qr, const float* kr, int64_t kl, int64_t D, c
   return out;
 }
 
-// acc [D] = sum over l of p[l] v[l] (v: value 0, rows vl apart), 64 columns at a time (8 registers).
-inline void weighted8(const float* p, const float* v, int64_t vl, int64_t L, int64_t D, float* acc) {
+// acc [D] = sum over l of p[l] v[l] (v: value 0, rows vl apart), D a multiple of 64: 64 columns at a
+// time, their sums in 8 named registers (with a run-time count of vectors, GCC kept them on the stack
+// and stored every one at every l: the values' loop ran at a third of its rate).
+inline void weighted64(const float* p, const float* v, int64_t vl, int64_t L, int64_t D, float* acc) {
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    const int64_t n = std::min<int64_t>(8, (D - d0) / 8);  // vectors in this piece
-    __m256 a[8];
-    for (int c = 0; c < 8; ++c) a[c] = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (int64_t l = 0; l < L; ++l) {
       const __m256 w = _mm256_set1_ps(p[l]);
       const float* vr = v + l * vl + d0;
-      for (int c = 0; c < n; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), a[c]);
+      a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr), a0);
+      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), a1);
+      a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), a2);
+      a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), a3);
+      a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 32), a4);
+      a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 40), a5);
+      a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 48), a6);
+      a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 56), a7);
     }
-    for (int c = 0; c < n; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
+    float* o = acc + d0;
+    _mm256_storeu_ps(o, a0);
+    _mm256_storeu_ps(o + 8, a1);
+    _mm256_storeu_ps(o + 16, a2);
+    _mm256_storeu_ps(o + 24, a3);
+    _mm256_storeu_ps(o + 32, a4);
+    _mm256_storeu_ps(o + 40, a5);
+    _mm256_storeu_ps(o + 48, a6);
+    _mm256_storeu_ps(o + 56, a7);
   }
 }
 #endif
@@ -148,10 +163,10 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
         sum[r] = z;
       }
 #ifdef MARFT_AVX2
-      if (D % 8 == 0) {
+      if (D % 64 == 0) {
         // weighted values, one query row at a time with its sums in registers (the row's values
         // stay in L2 between rows)
-        for (int64_t r = 0; r < R; ++r) weighted8(p.data() + r * L, vb, vl_, L, D, acc.data() + r * D);
+        for (int64_t r = 0; r < R; ++r) weighted64(p.data() + r * L, vb, vl_, L, D, acc.data() + r * D);
       } else
 #endif
       {

@@ -20,11 +20,13 @@ using marft::NR;
 
 #ifdef MARFT_AVX2
 // y[r, :cols] = (or += where acc) x[r, :] . panel for MR rows r of x [MR, K] (row stride ldx) and one
-// panel [K, 16]. Named accumulators, not an array: GCC keeps an array of vectors on the stack, stored
-// every k.
-template <int MR>
+// panel [K, 16]; with PF, the K cache lines from `next` on are fetched into L2 meanwhile. Named
+// accumulators, not an array: GCC keeps an array of vectors on the stack, stored every k. The k loop
+// unrolled by 4: one k's loads and multiply-adds are few enough that its address and loop arithmetic
+// held the loop below the multiply-add rate (docs/MEASUREMENTS.md).
+template <int MR, bool PF>
 inline void rows_times_panel(const float* x, int64_t ldx, int64_t K, const float* panel, float* y, int64_t ldy,
-                             int64_t cols, bool acc) {
+                             int64_t cols, bool acc, const float* next) {
   const __m256 z = _mm256_setzero_ps();
   __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z,
          c50 = z, c51 = z;
@@ -34,8 +36,10 @@ inline void rows_times_panel(const float* x, int64_t ldx, int64_t K, const float
     c##r##0 = _mm256_fmadd_ps(b, w0, c##r##0);           \
     c##r##1 = _mm256_fmadd_ps(b, w1, c##r##1);           \
   }
+#pragma GCC unroll 4
   for (int64_t k = 0; k < K; ++k) {
     const __m256 w0 = _mm256_load_ps(panel + k * NR), w1 = _mm256_load_ps(panel + k * NR + 8);
+    if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(next + k * NR), _MM_HINT_T1);
     MARFT_ROW(0) MARFT_ROW(1) MARFT_ROW(2) MARFT_ROW(3) MARFT_ROW(4) MARFT_ROW(5)
   }
 #undef MARFT_ROW
@@ -55,7 +59,11 @@ inline void rows_times_panel(const float* x, int64_t ldx, int64_t K, const float
 
 // Rows [0, j.M) of job j times its panel p. Blocks of 6 rows, the last few as 4 + 3 or 4 + 4 rather than
 // 6 + 1 or 6 + 2: a block of 1 or 2 rows has too few independent sums to keep both multiply-add units busy.
-inline void job_panel(const marft::PanelJob& j, int64_t p) {
+// With PF, the thread's next panel (`next`, a cache line a k; a prefetch past an array's end is
+// harmless) is fetched into L2 meanwhile: only the first block reads the panel from memory, the others
+// from L2, so memory would otherwise idle during them.
+template <bool PF>
+inline void job_panel(const marft::PanelJob& j, int64_t p, const float* next) {
   const int64_t M = j.M;
   int64_t sixes = M / 6;
   if (sixes > 0 && M % 6 != 0 && M % 6 <= 2) --sixes;
@@ -63,15 +71,16 @@ inline void job_panel(const marft::PanelJob& j, int64_t p) {
   const int64_t cols = std::min(NR, j.N - p * NR);
   float* yp = j.y + p * NR;
   int64_t m = 0;
-  for (; m < sixes * 6; m += 6) rows_times_panel<6>(j.x + m * j.ldx, j.ldx, j.K, panel, yp + m * j.ldy, j.ldy, cols, j.acc);
+  for (; m < sixes * 6; m += 6)
+    rows_times_panel<6, PF>(j.x + m * j.ldx, j.ldx, j.K, panel, yp + m * j.ldy, j.ldy, cols, j.acc, next);
   while (m < M) {
     const int64_t r = std::min<int64_t>(4, M - m);
     const float* x = j.x + m * j.ldx;
     float* y = yp + m * j.ldy;
-    if (r == 4) rows_times_panel<4>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
-    else if (r == 3) rows_times_panel<3>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
-    else if (r == 2) rows_times_panel<2>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
-    else rows_times_panel<1>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc);
+    if (r == 4) rows_times_panel<4, PF>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc, next);
+    else if (r == 3) rows_times_panel<3, PF>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc, next);
+    else if (r == 2) rows_times_panel<2, PF>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc, next);
+    else rows_times_panel<1, PF>(x, j.ldx, j.K, panel, y, j.ldy, cols, j.acc, next);
     m += r;
   }
 }
@@ -122,7 +131,17 @@ void marft::panel_jobs(const std::vector<PanelJob>& jobs) {
     size_t j = 0;
     for (int64_t item = lo; item < hi; ++item) {
       while (item >= first[j + 1]) ++j;
-      job_panel(jobs[j], item - first[j]);
+      const marft::PanelJob& job = jobs[j];
+      const int64_t p = item - first[j];
+      if (job.M <= 6) {  // one block of rows streams its panel from memory as it goes: no prefetch
+        job_panel<false>(job, p, nullptr);
+        continue;
+      }
+      // the thread's next item: this job's next panel, or the next job's first
+      const float* next = p + 1 < first[j + 1] - first[j] ? job.panels + (p + 1) * job.pstride
+                          : j + 1 < jobs.size()           ? jobs[j + 1].panels
+                                                          : job.panels;
+      job_panel<true>(job, p, next);
     }
   });
 #else
