@@ -60,6 +60,29 @@ def test_a_query_with_nothing_to_attend_is_finite() -> None:
     torch.testing.assert_close(got[1, 0], v[1].mean(1).repeat_interleave(2, 0))  # uniform over L
 
 
+@pytest.mark.parametrize(("T", "D"), [(1, 64), (3, 64), (2, 12)])
+def test_a_rows_left_padding_is_not_read(T: int, D: int) -> None:
+    """Rows whose contexts start at different columns (rows that joined the batch at different
+    times): the whole blocks of 8 masked columns before a row's first kept one are skipped, so NaN
+    there does not reach the output, which equals SDPA's over zeros in their place."""
+    B, H, Hk, L = 5, 6, 2, 70
+    q, k, v, keep = _case(B, H, Hk, T, L, D, seed=T)
+    nan_k, nan_v = k.clone(), v.clone()
+    for b, first in enumerate([0, 5, 8, 29, 61]):
+        keep[b, :, :, :first] = False
+        k[b, :, :first] = v[b, :, :first] = 0
+        skipped = first - first % 8
+        nan_k[b, :, :skipped] = nan_v[b, :, :skipped] = float("nan")
+        nan_k[b, :, skipped:first], nan_v[b, :, skipped:first] = k[b, :, skipped:first], v[b, :, skipped:first]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)  # [B, H, T, D]
+    with torch.no_grad():
+        got = decode_attention.attend(q, nan_k, nan_v, keep, None)
+        zeros = decode_attention.attend(q, k, v, keep, None)
+    assert got is not None and torch.isfinite(got).all()
+    assert torch.equal(got, zeros)
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
 def test_where_it_does_not_apply() -> None:
     q, k, v, keep = _case(2, 4, 2, 2, 10, 8, seed=4)
     with torch.no_grad():

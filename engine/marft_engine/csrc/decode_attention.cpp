@@ -115,7 +115,18 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
       const float* vb = vp + b * vb_ + h * vh_;
       const bool* m = mp + b * T * L;
       std::fill(mx.begin(), mx.end(), MASKED);
-      int64_t l_done = 0;  // keys scored by the vector path
+      // The row's masked columns before its first kept one are neither read nor scored: in a batch
+      // whose rows joined with contexts of different lengths, the shorter rows' left padding is much
+      // of the columns. From a multiple of 8, so that the scores' lanes, and the exponentials' sums
+      // over the whole row (the skipped ones are exactly 0), are the same as reading every column.
+      int64_t first = L;
+      for (int64_t t = 0; t < T; ++t) {
+        const bool* mt = m + t * L;
+        first = std::min<int64_t>(first, std::find(mt, mt + L, true) - mt);
+      }
+      first = first == L ? 0 : first - first % 8;  // nothing kept: the uniform softmax over all L
+      for (int64_t r = 0; r < R; ++r) std::fill(p.begin() + r * L, p.begin() + r * L + first, MASKED);
+      int64_t l_done = first;  // keys scored by the vector path
 #ifdef MARFT_AVX2
       if (D % 8 == 0) {
         // 8 keys at a time, each block of keys scored against all R query rows while it is in L1
@@ -166,13 +177,14 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
       if (D % 64 == 0) {
         // weighted values, one query row at a time with its sums in registers (the row's values
         // stay in L2 between rows)
-        for (int64_t r = 0; r < R; ++r) weighted64(p.data() + r * L, vb, vl_, L, D, acc.data() + r * D);
+        for (int64_t r = 0; r < R; ++r)
+          weighted64(p.data() + r * L + first, vb + first * vl_, vl_, L - first, D, acc.data() + r * D);
       } else
 #endif
       {
         // weighted values: each value is read once, for all R rows
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t l = 0; l < L; ++l) {
+        for (int64_t l = first; l < L; ++l) {
           const float* vr = vb + l * vl_;
           for (int64_t r = 0; r < R; ++r) {
             const float w = p[r * L + l];
