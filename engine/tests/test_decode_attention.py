@@ -73,7 +73,10 @@ def test_a_rows_left_padding_is_not_read(T: int, D: int) -> None:
         k[b, :, :first] = v[b, :, :first] = 0
         skipped = first - first % 8
         nan_k[b, :, :skipped] = nan_v[b, :, :skipped] = float("nan")
-        nan_k[b, :, skipped:first], nan_v[b, :, skipped:first] = k[b, :, skipped:first], v[b, :, skipped:first]
+        nan_k[b, :, skipped:first], nan_v[b, :, skipped:first] = (
+            k[b, :, skipped:first],
+            v[b, :, skipped:first],
+        )
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)  # [B, H, T, D]
     with torch.no_grad():
         got = decode_attention.attend(q, nan_k, nan_v, keep, None)
