@@ -11,7 +11,6 @@ from collections.abc import Callable
 import torch
 from marft_engine.engine import Engine
 from marft_engine.models import load_source
-from marft_engine.prefix_cache import shared_in_batch
 from marft_engine.schemas import SampleBatch, SampleRequest, SamplingParams
 from probe import alternate, left_padded, problems, prompts_of, sampling_flops, shape
 
@@ -70,10 +69,9 @@ def bench_short_answers(
 
     before = eng.stats({}).prefix_cache
     engine(True)()  # also the warm-up
-    hit = eng.stats({}).prefix_cache.hit_tokens - before.hit_tokens
-    shared = shared_in_batch(
-        [(0, p, 0) for p in ps]
-    )  # prefixes prefilled once, before the prompts
+    # the tokens the engine prefilled: the prompts after their cached prefixes, and the prefixes
+    # they share, prefilled once before them
+    prefilled = eng.stats({}).prefix_cache.prefill_tokens - before.prefill_tokens
     generate()
     t = alternate(
         {
@@ -93,7 +91,7 @@ def bench_short_answers(
     )
     mine = sampling_flops(
         s,
-        sum(len(p) for p in ps) - hit + sum(len(toks) for _, toks in shared),
+        prefilled,
         prompt,
         batch,
         wanted - batch,

@@ -131,23 +131,28 @@ class Running(Generic[R]):
             for layer in self.layers:
                 layer.kbuf[:n, :, lo:start] = 0
                 layer.vbuf[:n, :, lo:start] = 0
-        Lp = kv[0][0].shape[2]
+        # cols[j, c]: the kv column that the batch's column lo + c of row j's slot takes, or Lp for a
+        # zero (padding before its prompt): one gather a layer instead of a copy a row and piece
+        Lp, W = kv[0][0].shape[2], self.end - lo
+        cols = torch.full((len(rows), W), Lp, dtype=torch.long)
         for j, r in enumerate(rows):
-            i, p, s = n + j, len(r.prompt), src[j]
-            pieces = spans[s] if spans is not None else [(Lp - p, Lp)]
+            p = len(r.prompt)
+            pieces = spans[src[j]] if spans is not None else [(Lp - p, Lp)]
             assert sum(hi - lo for lo, hi in pieces) == p
-            for layer, (k, v) in zip(self.layers, kv, strict=True):
-                layer.kbuf[i, :, lo : self.end - p] = 0
-                layer.vbuf[i, :, lo : self.end - p] = 0
-                at = self.end - p
-                for a, b in pieces:
-                    layer.kbuf[i, :, at : at + b - a] = k[s, :, a:b]
-                    layer.vbuf[i, :, at : at + b - a] = v[s, :, a:b]
-                    at += b - a
-            self.hole[i] = False
+            cols[j, W - p :] = torch.cat([torch.arange(a, b) for a, b in pieces])
+        dev = kv[0][0].device
+        cols, which = cols.to(dev), torch.tensor(src, device=dev)[:, None]  # [R, W], [R, 1]
+        for layer, (k, v) in zip(self.layers, kv, strict=True):
+            for buf, x in ((layer.kbuf, k), (layer.vbuf, v)):
+                padded = torch.cat([x, x.new_zeros((x.shape[0], x.shape[1], 1, x.shape[3]))], dim=2)
+                buf[n : n + len(rows), :, lo : self.end] = padded[which, :, cols].transpose(
+                    1, 2
+                )  # [R, H, W, D]
+        for j, r in enumerate(rows):
+            self.hole[n + j] = False
             self.rows.append(r)
-            self.first.append(self.end - p)
-            self.pos.append(p)
+            self.first.append(self.end - len(r.prompt))
+            self.pos.append(len(r.prompt))
 
     def remove(self, indices: list[int]) -> None:
         """Drop rows: the last row moves into each freed slot (highest index first, so it is live)."""

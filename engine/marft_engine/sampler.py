@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from . import fused_decode, lora_batch, unpad
 from .errors import BadRequest, Conflict
 from .kv_cache import KV, Running, Spans, layers_of
-from .prefix_cache import BLOCK, PrefixCache, shared_in_batch
+from .prefix_cache import Hit, PrefixCache, shared_in_batch
 from .registry import BASE_ADAPTER, Base, Registry, at_positions
 from .schemas import (
     Completion,
@@ -248,12 +248,11 @@ class Sampler:
             # Prefixes that several of these prompts share and the cache lacks: prefill each once
             # first (its logits unused), so that every prompt below reuses it.
             looked = [
-                (self._cache_key(a), p, len(cache.lookup(self._cache_key(a), p, len(p) - 1)))
+                (self._cache_key(a), p, cache.lookup(self._cache_key(a), p, len(p) - 1).tokens)
                 for a, p in prompts
             ]
-            shared = shared_in_batch(looked)
-            if shared:
-                self._prefill_prompts(base, [(key[0], toks) for key, toks in shared], cache)
+            for level in shared_in_batch(looked):  # each level extends the one before (prefix_cache.py)
+                self._prefill_prompts(base, [(key[0], toks) for key, toks in level], cache)
         logits, kv, spans = self._prefill_prompts(base, prompts, cache, count=True)
         logits = logits.index_select(0, torch.tensor(which, device=base.device))
         self._take(base, new, logits)
@@ -298,13 +297,13 @@ class Sampler:
         """Prefill prompts (adapter, ids) in one left-padded pass, each reusing the longest cached
         prefix of its adapter's (then only the rest is computed, after that prefix's keys and values).
         Returns the last position's logits [P, V], the pass's cache (per layer [P, H, C + S, D]) and
-        the columns of each row that hold its prompt, in order; caches the prompts' whole blocks."""
+        the columns of each row that hold its prompt, in order; caches the prompts (PrefixCache.insert)."""
         P = len(prompts)
-        chains = [cache.lookup(self._cache_key(a), p, len(p) - 1) if cache else [] for a, p in prompts]
+        hits = [cache.lookup(self._cache_key(a), p, len(p) - 1) if cache else Hit() for a, p in prompts]
         if cache is not None and count:
-            for chain in chains:
-                cache.count(chain)
-        cached = [len(chain) * BLOCK for chain in chains]
+            for hit in hits:
+                cache.count(hit)
+        cached = [hit.tokens for hit in hits]
         C = max(cached)  # columns of cached keys and values before the new tokens
         rest = [len(p) - c for (_, p), c in zip(prompts, cached, strict=True)]
         S = max(rest)
@@ -325,14 +324,14 @@ class Sampler:
         real = unpad.prefill(base.hf, ids, mask, pos) if lora_batch.rows_supported(base.hf) else None
         past = DynamicCache() if real is None else unpad.PaddingCache()
         if C > 0:
-            like = next(chain[0] for chain in chains if chain)
-            L, H, _, D = like.k.shape
-            kp = torch.zeros((L, P, H, C, D), dtype=like.k.dtype, device=dev)  # [layers, P, H, C, D]
-            vp = torch.zeros((L, P, H, C, D), dtype=like.v.dtype, device=dev)
-            for i, (chain, c) in enumerate(zip(chains, cached, strict=True)):
-                for j, node in enumerate(chain):
-                    kp[:, i, :, C - c + j * BLOCK : C - c + (j + 1) * BLOCK] = node.k
-                    vp[:, i, :, C - c + j * BLOCK : C - c + (j + 1) * BLOCK] = node.v
+            kvs = [hit.kv() if hit.tokens else None for hit in hits]  # [layers, H, c, D] each
+            like = next(k for k, _ in filter(None, kvs))
+            L, H, _, D = like.shape
+            kp = torch.zeros((L, P, H, C, D), dtype=like.dtype, device=dev)  # [layers, P, H, C, D]
+            vp = torch.zeros((L, P, H, C, D), dtype=like.dtype, device=dev)
+            for i, (x, c) in enumerate(zip(kvs, cached, strict=True)):
+                if x is not None:
+                    kp[:, i, :, C - c : C], vp[:, i, :, C - c : C] = x
             past = type(past)(ddp_cache_data=[(kp[li], vp[li]) for li in range(L)])
         kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos} if real is None else real[1]
         last = None if real is None else real[2]  # each row's last token among the real ones
@@ -344,12 +343,11 @@ class Sampler:
             ([(C - c, C)] if c else []) + [(C + S - s, C + S)] for c, s in zip(cached, rest, strict=True)
         ]
         if cache is not None:
-            for i, ((a, p), chain, s) in enumerate(zip(prompts, chains, rest, strict=True)):
-                new_k = [
-                    k[i, :, C + S - s :] for k, _ in kv
-                ]  # per layer [H, s, D]: the tokens after the chain
-                new_v = [v[i, :, C + S - s :] for _, v in kv]
-                cache.insert(self._cache_key(a), p, chain, new_k, new_v)
+            for i, ((a, p), hit, s) in enumerate(zip(prompts, hits, rest, strict=True)):
+                # [layers, H, s, D]: the tokens after the hit
+                new_k = torch.stack([k[i, :, C + S - s :] for k, _ in kv])
+                new_v = torch.stack([v[i, :, C + S - s :] for _, v in kv])
+                cache.insert(self._cache_key(a), p, hit, new_k, new_v)
         return logits, kv, spans
 
     def _step(self, base: Base) -> None:

@@ -42,7 +42,9 @@ def choose_tokens(
     B = logits.shape[0]
     greedy = temperatures == 0  # [B]
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)  # [B]
-    policy = F.log_softmax(logits / temps[:, None], dim=-1)  # [B, V] the tempered policy
+    # x / 1 is x exactly: at temperature 1 (or greedy) everywhere, skip a pass over [B, V]
+    scaled = logits if bool((temps == 1).all()) else logits / temps[:, None]
+    policy = F.log_softmax(scaled, dim=-1)  # [B, V] the tempered policy
     tokens = torch.zeros(B, dtype=torch.long, device=logits.device)  # [B]
     sampler_logprobs = torch.zeros(B, dtype=policy.dtype, device=logits.device)  # [B]; greedy: 0
     if greedy.any():

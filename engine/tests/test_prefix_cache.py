@@ -8,7 +8,7 @@ import torch
 from helpers import PARITY_TOL, add_policy, ppo_data
 
 from marft_engine.engine import Engine
-from marft_engine.prefix_cache import BLOCK, PrefixCache, shared_in_batch
+from marft_engine.prefix_cache import BLOCK, SHARED_LEVELS, Hit, PrefixCache, shared_in_batch
 from marft_engine.schemas import (
     BaseCreate,
     Completion,
@@ -94,6 +94,28 @@ def test_reused_logprobs_match_a_forward_pass(twin: Engine) -> None:
         assert torch.allclose(got, torch.tensor(c.logprobs), atol=PARITY_TOL)
 
 
+def test_a_later_turn_reuses_all_of_the_earlier_prompt(twin: Engine) -> None:
+    """Token-granular: a prompt that extends an earlier one by a few tokens reuses every token of it,
+    not just its whole blocks, and samples what the twin without a cache samples."""
+    g = torch.Generator().manual_seed(21)
+    first = tokens(g, 2 * BLOCK + 5)
+    later = first + tokens(g, 4)
+
+    def run(base: str, prompt: list[int]) -> Completion:
+        req = SampleRequest(adapter=f"A-{base}", prompt_ids=prompt, sampling=SamplingParams(max_new_tokens=3))
+        return twin.sample(SampleBatch(requests=[req], seed=5)).results[0].completions[0]
+
+    run("on", first)
+    # the prompt again (all of it cached but the last token, which a one-token step computes), then
+    # the prompt and a few tokens more
+    for prompt, reused in [(first, len(first) - 1), (later, len(first))]:
+        before = twin.stats({}).prefix_cache.hit_tokens
+        on, off = run("on", prompt), run("off", prompt)
+        assert twin.stats({}).prefix_cache.hit_tokens - before == reused
+        assert on.response_ids == off.response_ids
+        assert torch.allclose(torch.tensor(on.logprobs), torch.tensor(off.logprobs), atol=PARITY_TOL)
+
+
 def test_caches_are_per_adapter_and_per_weights(twin: Engine) -> None:
     g = torch.Generator().manual_seed(11)
     prompt = tokens(g, 3 * BLOCK + 5)
@@ -117,37 +139,89 @@ def test_caches_are_per_adapter_and_per_weights(twin: Engine) -> None:
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=PARITY_TOL)
 
 
-def kv(n: int, value: float) -> list[torch.Tensor]:
-    return [torch.full((1, n, 2), value)]  # one layer [H=1, n, D=2]
+def kv(n: int, value: float) -> torch.Tensor:
+    """One layer [layers=1, H=1, n, D=2] whose column j holds value + j (so a hit's columns can be
+    checked)."""
+    return (value + torch.arange(n, dtype=torch.float32)).view(1, 1, n, 1).expand(1, 1, n, 2).clone()
+
+
+TOKEN_BYTES = 2 * 2 * 4  # keys + values, D = 2, fp32
 
 
 def test_lru_evicts_leaves_and_keeps_chains_whole() -> None:
-    c = PrefixCache(budget=5 * 2 * 2 * BLOCK * 4)  # five blocks of 1 x 16 x 2 keys + values
+    c = PrefixCache(budget=5 * BLOCK * TOKEN_BYTES)  # five blocks of 1 x 16 x 2 keys + values
     a = list(range(3 * BLOCK + 3))
-    c.insert("k", a, [], kv(len(a), 1.0), kv(len(a), -1.0))
-    assert len(c) == 3 and c.bytes == 3 * 2 * 2 * BLOCK * 4
-    chain = c.lookup("k", a, len(a) - 1)
-    assert [n.tokens for n in chain] == [tuple(a[i * BLOCK : (i + 1) * BLOCK]) for i in range(3)]
-    assert len(c.lookup("k", a, 3 * BLOCK - 1)) == 2  # a hit leaves the last token to compute
-    assert c.lookup("other key", a, len(a)) == []
+    c.insert("k", a, Hit(), kv(len(a), 1.0), kv(len(a), -1.0))
+    assert len(c) == 4 and c.bytes == len(a) * TOKEN_BYTES  # three whole blocks and a's last 3 tokens
+    hit = c.lookup("k", a, len(a) - 1)
+    assert [n.tokens for n in hit.chain] == [tuple(a[i * BLOCK : (i + 1) * BLOCK]) for i in range(3)]
+    assert hit.tail is not None and hit.tail.tokens == tuple(a[3 * BLOCK :]) and hit.extra == 2
+    assert hit.tokens == len(a) - 1  # a hit leaves the last token to compute
+    k, v = hit.kv()
+    assert torch.equal(k[0, 0, :, 0], 1.0 + torch.arange(len(a) - 1.0))
+    assert torch.equal(v[0, 0, :, 1], -1.0 + torch.arange(len(a) - 1.0))
+    assert c.lookup("k", a, 3 * BLOCK - 1).tokens == 3 * BLOCK - 1  # part of the third block
+    assert c.lookup("other key", a, len(a)).tokens == 0
     b = a[: 2 * BLOCK] + [999] * (3 * BLOCK)  # shares two blocks, then three of its own
     prefix = c.lookup("k", b, len(b) - 1)
-    assert len(prefix) == 2
+    assert prefix.tokens == 2 * BLOCK and prefix.tail is None
     c.insert("k", b, prefix, kv(3 * BLOCK, 2.0), kv(3 * BLOCK, -2.0))
-    # six blocks over a budget of five: the least recently used is a's third block, a leaf
-    assert len(c) == 5 and c.evictions == 1
-    assert len(c.lookup("k", a, len(a))) == 2 and len(c.lookup("k", b, len(b))) == 5
+    # six blocks and 3 tokens over a budget of five blocks: the least recently used leaves go, a's
+    # last tokens and then its third block (a leaf once they are gone)
+    assert len(c) == 5 and c.evictions == 2 and c.bytes == 5 * BLOCK * TOKEN_BYTES
+    assert c.lookup("k", a, len(a)).tokens == 2 * BLOCK and c.lookup("k", b, len(b)).tokens == 5 * BLOCK
     got = c.lookup("k", b, len(b))
-    assert all(float(n.k[0, 0, 0, 0]) == (1.0 if i < 2 else 2.0) for i, n in enumerate(got))
+    assert all(
+        float(n.k[0, 0, 0, 0]) == (1.0 + 16 * i if i < 2 else 2.0 + 16 * (i - 2))
+        for i, n in enumerate(got.chain)
+    )
     c.prune({"another"})
     assert len(c) == 0 and c.bytes == 0 and c.roots == {}
 
 
-def test_shared_in_batch_names_the_deepest_shared_prefixes() -> None:
+def test_hits_are_token_granular() -> None:
+    c = PrefixCache(budget=2**20)
+    h = list(range(BLOCK + 4))  # a header that ends 4 tokens into its second block
+    p = h + [7, 8, 9]
+    c.insert("k", p, Hit(), kv(len(p), 0.0), kv(len(p), 0.0))
+    assert len(c) == 2  # a whole block, and the 7 tokens after it
+    q = h + [5, 6]
+    hit = c.lookup("k", q, len(q) - 1)
+    assert hit.tokens == len(h) and hit.extra == 4  # the header, from the partial block's first 4 tokens
+    assert torch.equal(hit.kv()[0][0, 0, :, 0], torch.arange(len(h), dtype=torch.float32))
+    c.insert("k", q, hit, kv(2, 100.0), kv(2, 100.0))  # the tokens after the hit: 5, 6
+    assert len(c) == 3  # a second partial block beside the first: they part after the header
+    longer = q + [1, 2]
+    hit = c.lookup("k", longer, len(longer) - 1)
+    assert hit.tokens == len(q) and hit.extra == 6  # all of q, the earlier prompt
+    assert hit.kv()[0][0, 0, :, 0].tolist() == list(range(len(h))) + [100.0, 101.0]
+    shorter = h + [5]
+    c.insert("k", shorter, c.lookup("k", shorter, len(shorter) - 1), kv(1, 0.0), kv(1, 0.0))
+    assert len(c) == 3  # q's partial block starts with it: nothing new
+    c.insert("k", longer, c.lookup("k", longer, len(longer) - 1), kv(2, 0.0), kv(2, 0.0))
+    assert len(c) == 3 and c.lookup("k", longer + [3], len(longer)).tokens == len(longer)  # replaces q's
+    full = h + list(range(100, 112))  # fills the second block
+    c.insert("k", full, c.lookup("k", full, len(full) - 1), kv(12, 0.0), kv(12, 0.0))
+    assert len(c) == 4 and c.lookup("k", full + [0], len(full)).chain[-1].tokens == tuple(full[BLOCK:])
+    assert c.lookup("k", [0, 1, 2, 50], 3).tokens == 3  # from the first block
+
+
+def test_shared_in_batch_names_the_shared_prefixes_in_levels() -> None:
     h = list(range(2 * BLOCK))
     p1, p2 = h + [1] * BLOCK + [5], h + [1] * BLOCK + [6]  # share three blocks
     p3 = h + [2] * 5  # shares two with them
     p4 = [7] * (3 * BLOCK)  # shares nothing
     got = shared_in_batch([("k", p1, 0), ("k", p2, 0), ("k", p3, 0), ("k", p4, 0), ("j", p1, 0)])
-    assert got == [("k", h + [1] * BLOCK)]  # covers p3's two blocks too; key "j" is alone
-    assert shared_in_batch([("k", p1, 3), ("k", p2, 3)]) == []  # already cached
+    assert got == [[("k", h)], [("k", h + [1] * BLOCK)]]  # the second extends the first; "j" is alone
+    assert shared_in_batch([("k", p1, 3 * BLOCK), ("k", p2, 3 * BLOCK)]) == []  # already cached
+    assert shared_in_batch([("k", p1, 2 * BLOCK), ("k", p2, 2 * BLOCK), ("k", p3, 2 * BLOCK)]) == [
+        [("k", h + [1] * BLOCK)]
+    ]
+    # token-granular: prompts that share 20 tokens; 10 tokens are worth a pass only for three prompts
+    assert shared_in_batch([("k", h[:20] + [1], 0), ("k", h[:20] + [2], 0)]) == [[("k", h[:20])]]
+    assert shared_in_batch([("k", h[:10] + [1], 0), ("k", h[:10] + [2], 0)]) == []
+    three = [("k", h[:10] + [i], 0) for i in range(3)]
+    assert shared_in_batch(three) == [[("k", h[:10])]]
+    # nested sharing deeper than SHARED_LEVELS: the deepest levels are not prefilled apart
+    nested = [("k", [0] * (20 * d) + [100 + d], 0) for d in range(1, SHARED_LEVELS + 3)]
+    assert shared_in_batch(nested) == [[("k", [0] * (20 * d))] for d in range(1, SHARED_LEVELS + 1)]
