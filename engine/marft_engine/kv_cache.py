@@ -145,9 +145,8 @@ class Running(Generic[R]):
         for layer, (k, v) in zip(self.layers, kv, strict=True):
             for buf, x in ((layer.kbuf, k), (layer.vbuf, v)):
                 padded = torch.cat([x, x.new_zeros((x.shape[0], x.shape[1], 1, x.shape[3]))], dim=2)
-                buf[n : n + len(rows), :, lo : self.end] = padded[which, :, cols].transpose(
-                    1, 2
-                )  # [R, H, W, D]
+                taken = padded[which, :, cols]  # [R, W, H, D]
+                buf[n : n + len(rows), :, lo : self.end] = taken.transpose(1, 2)
         for j, r in enumerate(rows):
             self.hole[n + j] = False
             self.rows.append(r)
