@@ -1,12 +1,14 @@
 """The fused decode step (fused_decode.py) against the same step through Hugging Face's forward, in
 one engine: the two flip at every decode step of the same calls, so each pair of adjacent steps shares
-the machine's state of the moment. Both sides multiply on the same panels (precision.Panels) and
-attend with the same kernel; what differs is everything around them. fp32 only, on a CPU where the
-engine packs panels (AVX2 and FMA, no AVX512). Rows over 4 LoRA adapters as a rollout decodes them, at
-each (batch, prompt length).
+the machine's state of the moment. Both sides attend with the same kernel. In fp32 both multiply on
+the same panels (precision.Panels), so what differs is everything around the products; in bf16 the
+fused side multiplies on the kernel's bf16 panels and the model's on oneDNN's packed weights. fp32
+where the engine packs panels (AVX2 and FMA, no AVX512), bf16 where it packs bf16 panels
+(AVX512_BF16, no AMX). Rows over 4 LoRA adapters as a rollout decodes them, at each (batch, prompt
+length).
 
-    .venv/bin/python bench/fused_ab.py [--reps 3] [--threads 2] [--shapes 8x1,20x8,32x1,20x18]
-        [--tokens 64] [--source pkg:smollm2-135m-instruct] [--out F.json]
+    .venv/bin/python bench/fused_ab.py [--reps 3] [--threads 2] [--dtypes float32,bfloat16]
+        [--shapes 8x1,20x8,32x1,20x18] [--tokens 64] [--source pkg:smollm2-135m-instruct] [--out F.json]
 
 --shapes: batch x copies of a problem in each prompt (1: ~38 tokens, 18: ~350).
 """
@@ -14,14 +16,29 @@ each (batch, prompt length).
 from __future__ import annotations
 
 from attention_ab import paired_steps, step_arguments
-from marft_engine import fused_decode
-from panels_ab import panels_engine
-from probe import write_figures
+from marft_engine import fused_decode, precision
+from marft_engine.engine import Engine
+from marft_engine.schemas import BaseCreate
+from probe import ab_dtypes, write_figures
+from speed_bench import add_adapters
+
+
+def fused_engine(source: str, dtype: str) -> tuple[Engine, list[str]] | None:
+    """An engine on `source` in `dtype` with 4 LoRA adapters (their names), where the fused step
+    has its panels here; else None."""
+    if not (
+        precision.panels_apply()
+        if dtype == "float32"
+        else precision.bf16_panels_apply()
+    ):
+        return None
+    eng = Engine(device="cpu", max_batch=64)
+    eng.create_base(BaseCreate(name="s", source=source, dtype=dtype))
+    return eng, add_adapters(eng, "s", "d", 4)
 
 
 def main() -> None:
     args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
-    eng, agents = panels_engine(args.source, "fused_ab")
 
     def use_fused(on: bool) -> None:
         fused_decode.ENABLED = on
@@ -36,13 +53,23 @@ def main() -> None:
         return out
 
     fused_decode.logits = counted  # type: ignore[assignment]
-    res = paired_steps(eng, agents, use_fused, ("fused", "model"), "float32", args)
-    eng.close()
-    if not took[0]:
-        raise SystemExit(
-            f"fused_ab: no decode step of {args.source} took the fused layer"
-        )
-    res["fused_steps"] = took[0]
+    res: dict[str, float] = {}
+    for dtype in ab_dtypes(args.dtypes, "fused_ab"):
+        made = fused_engine(args.source, dtype)
+        if made is None:
+            print(f"fused_ab: no {dtype} panels on this CPU; {dtype} skipped")
+            continue
+        eng, agents = made
+        took[0] = 0
+        res |= paired_steps(eng, agents, use_fused, ("fused", "model"), dtype, args)
+        eng.close()
+        if not took[0]:
+            raise SystemExit(
+                f"fused_ab: no {dtype} decode step of {args.source} took the fused layer"
+            )
+        res[f"{dtype}_fused_steps"] = took[0]
+    if not res:
+        raise SystemExit("fused_ab: the fused step has no panels on this CPU")
     write_figures(res, args.out)
 
 

@@ -1,4 +1,4 @@
-"""A CPU decode step of a Llama-shaped fp32 base with one C++ call a layer (csrc/decode_layer.cpp).
+"""A CPU decode step of a Llama-shaped base with one C++ call a layer (csrc/decode_layer.cpp).
 
 Why: at a decode step's few rows, Hugging Face's layer forward dispatches about 280 small tensor
 operations a layer (norms, rotary embedding, the KV cache's update, LoRA slots, views) from Python, and
@@ -7,12 +7,17 @@ steps on the panel kernel's products (precision.py), each row through its own ad
 lora_batch.py's per-row path does, and writes the step's keys and values into the sampler's slot
 cache (kv_cache.py). The embedding, the rotary tables, the final norm and the head stay in PyTorch.
 
-It applies to the sampler's decode steps of one token a row (no drafts) on a CPU base that computes
-in fp32 with its weights in panels (`precision.panels_apply`), of at most PANEL_MAX_ROWS rows, where
-the model is a Llama or Qwen2 (full attention, SiLU MLP, no q/k norms, plain embedding and head) and
-every LoRA layer is a plain LoRA Linear without dropout. Elsewhere, or with MARFT_FUSED_DECODE=0 (or
-MARFT_DECODE_KERNEL=0, which asks for SDPA's attention), the step runs through Hugging Face's
-forward: the same tokens and log-probs within fp32 rounding (tests/test_fused_decode.py).
+It applies to the sampler's decode steps of one token a row (no drafts) of at most PANEL_MAX_ROWS rows
+on a CPU base whose linear weights the kernel has in panels: an fp32 base's in fp32 panels
+(`precision.panels_apply`), a bf16 base's in bf16 panels (`precision.bf16_panels_apply`, AVX512_BF16).
+The model must be a Llama or Qwen2 (full attention, SiLU MLP, no q/k norms, plain embedding and head)
+and every LoRA layer a plain LoRA Linear without dropout. Elsewhere, or with MARFT_FUSED_DECODE=0 (or
+MARFT_DECODE_KERNEL=0, which asks for SDPA's attention), the step runs through Hugging Face's forward.
+An fp32 base gets the same tokens and log-probs within fp32 rounding (tests/test_fused_decode.py).
+A bf16 base's products take bf16 inputs and weights as under autocast, but keep their fp32 sums where
+autocast rounds each product's output (the head's logits included) to bf16, and its LoRA products run
+in fp32: so its log-probs are closer to an fp32 pass than Hugging Face's bf16 step, and differ from
+it within bf16 rounding.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from .kv_cache import SlotLayer
 
 ENABLED = os.environ.get("MARFT_FUSED_DECODE", "1") != "0"  # the bench's A/B flips it in-process
 
-MODEL_TYPES = ("llama", "qwen2")  # decoder layers of exactly this shape (`_shape_fits`)
+MODEL_TYPES = ("llama", "qwen2")  # decoder layers of exactly this shape (`_check_shape`)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _EMPTY = torch.empty(0)
@@ -55,8 +60,9 @@ def logits(
         and ids.shape[1] == 1
         and 0 < ids.shape[0] <= precision.PANEL_MAX_ROWS
         and not torch.is_grad_enabled()
-        and not torch.is_autocast_enabled("cpu")
-        and _shape_fits(model)
+        and (kind := _kind(model)) is not None
+        # a bf16 base's passes run under bf16 autocast (precision.autocast), an fp32 one's without
+        and torch.is_autocast_enabled("cpu") == (kind == "bf16")
         # not cached with the shape: an adapter may put a LoRA layer on the head or the embedding
         and type(model.lm_head) is torch.nn.Linear
         and type(model.model.embed_tokens) is torch.nn.Embedding
@@ -83,41 +89,56 @@ def logits(
     for layer, s in zip(layers, slots, strict=True):
         x = layer.forward(x, cos, sin, s.kbuf, s.vbuf, s.start, s.end, keep)
         s.view(s.n, s.start, s.end + 1)  # as SlotLayer.update leaves it
-    return model.lm_head(inner.norm(x)).float()  # [B, V]
+    h = inner.norm(x)  # [B, d]
+    if kind == "fp32":
+        return model.lm_head(h).float()  # [B, V], on the head's panels
+    head = model.lm_head
+    k = kernels.load()
+    assert k is not None
+    y = k.panel_linear_bf16(h, head._marft_bf16_panels, head.out_features)  # [B, V]
+    return y if head.bias is None else y + head.bias.float()
 
 
-def _shape_fits(model: PreTrainedModel) -> bool:
-    """Whether every decoder layer of the model is the kernel's (cached on the model: the base's
-    structure does not change, only its adapters)."""
-    fits = getattr(model, "_marft_fused_fits", None)
-    if fits is None:
-        fits = _check_shape(model)
-        model._marft_fused_fits = fits  # type: ignore[assignment]
-    return fits
+def _kind(model: PreTrainedModel) -> str | None:
+    """'fp32' or 'bf16' where every decoder layer of the model and its head are the kernel's, with
+    their weights in its panels of that kind; else None (cached on the model: the base's structure
+    and weights do not change, only its adapters)."""
+    if not hasattr(model, "_marft_fused_kind"):
+        model._marft_fused_kind = _check_shape(model)  # type: ignore[assignment]
+    return model._marft_fused_kind  # type: ignore[no-any-return]
 
 
-def _check_shape(model: PreTrainedModel) -> bool:
+def _check_shape(model: PreTrainedModel) -> str | None:
     c = model.config
+    head = _plain(model.lm_head)
+    kind = "bf16" if isinstance(head, torch.nn.Linear) and head.weight.dtype == torch.bfloat16 else "fp32"
     if (
         c.model_type not in MODEL_TYPES
         or getattr(c, "hidden_act", None) != "silu"
         or any(t != "full_attention" for t in (getattr(c, "layer_types", None) or []))
         or getattr(c, "use_sliding_window", False)
-        or not precision.panels_apply()
         or kernels.load() is None
-        or not isinstance(getattr(_plain(model.lm_head), "_marft_packed", None), precision.Panels)
+        or _panels(head, kind) is None
     ):
-        return False
+        return None
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if {n for n, _ in attn.named_children()} - {"q_proj", "k_proj", "v_proj", "o_proj"}:
-            return False  # q/k norms (Qwen3) or anything else the kernel does not do
-        for m in _modules(layer):
-            if not isinstance(getattr(_plain(m), "_marft_packed", None), precision.Panels):
-                return False
+            return None  # q/k norms (Qwen3) or anything else the kernel does not do
+        if any(_panels(_plain(m), kind) is None for m in _modules(layer)):
+            return None
         if type(mlp.act_fn).__name__ != "SiLUActivation" and not isinstance(mlp.act_fn, torch.nn.SiLU):
-            return False
-    return True
+            return None
+    return kind
+
+
+def _panels(base: torch.nn.Module, kind: str) -> torch.Tensor | None:
+    """A frozen linear layer's weight in the kernel's panels of `kind` (precision.py), or None."""
+    if kind == "bf16":
+        panels = getattr(base, "_marft_bf16_panels", None)
+        return panels if isinstance(panels, torch.Tensor) else None
+    packed = getattr(base, "_marft_packed", None)
+    return packed.data if isinstance(packed, precision.Panels) else None
 
 
 def _plain(m: torch.nn.Module) -> torch.nn.Module:
@@ -177,13 +198,14 @@ def _proj(
     """A projection for the kernel: its base panels and bias, and the rows' LoRA (lora_batch._stacks)."""
     lora = isinstance(m, lora_layer.Linear)
     base = _plain(m)
-    panels: precision.Panels = base._marft_packed
+    panels = _panels(base, "bf16" if base.weight.dtype == torch.bfloat16 else "fp32")
+    assert panels is not None  # _check_shape saw to it
     bias = _EMPTY if base.bias is None else base.bias.detach().float().contiguous()
     K, N = base.in_features, base.out_features
     if not lora or m.disable_adapters or not any(a in m.lora_A for a in names):
         if lora and m.merged:
             return None
-        return k.Proj(panels.data, K, N, bias, _EMPTY, 0, _EMPTY, 0, _EMPTY)  # type: ignore[attr-defined]
+        return k.Proj(panels, K, N, bias, _EMPTY, 0, _EMPTY, 0, _EMPTY)  # type: ignore[attr-defined]
     if (
         m.merged
         or m.training
@@ -191,12 +213,27 @@ def _proj(
         or any(not isinstance(m.lora_dropout[a], torch.nn.Identity) for a in names if a in m.lora_dropout)
     ):
         return None
-    A, _, slot, A_packed, B_packed = lora_batch._stacks(m, names, torch.float32)
-    if not isinstance(A_packed, precision.Panels) or not isinstance(B_packed, precision.Panels):
-        return None
+    A, B, slot, A_packed, B_packed = lora_batch._stacks(m, names, torch.float32)
+    if isinstance(A_packed, precision.Panels) and isinstance(B_packed, precision.Panels):
+        A_panels, B_panels = A_packed.data, B_packed.data
+    else:  # a bf16 base: its fp32 LoRA stacks are not packed for its other passes
+        A_panels, B_panels = _lora_panels(k, m, A, B)
     key = tuple(slot.items())  # the same for every projection whose LoRA the same adapters have
     if key not in row_slots:
         row_slots[key] = torch.tensor([slot.get(a, -1) for a in adapter_names], dtype=torch.int64)  # [B]
     slots = row_slots[key]
     r = A.shape[0] // len(slot)
-    return k.Proj(panels.data, K, N, bias, A_packed.data, A.shape[0], B_packed.data, r, slots)  # type: ignore[attr-defined]
+    return k.Proj(panels, K, N, bias, A_panels, A.shape[0], B_panels, r, slots)  # type: ignore[attr-defined]
+
+
+def _lora_panels(
+    k: object, m: torch.nn.Module, A: torch.Tensor, B: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 panels of a LoRA layer's stacks A [n r, d_in] and B [d_out, n r] (lora_batch._stacks),
+    kept on the layer while those stacks are the same tensors."""
+    cached = getattr(m, "_marft_fused_lora", None)
+    if cached is not None and cached[0] is A and cached[1] is B:
+        return cached[2]
+    panels = (k.pack_panels(A), k.pack_panels(B))  # type: ignore[attr-defined]
+    m._marft_fused_lora = (A, B, panels)  # type: ignore[assignment]
+    return panels

@@ -3,7 +3,10 @@
 - `decode_attention`: a decode step's attention over the KV cache (decode_attention.py).
 - `pack_panels` / `panel_linear`: fp32 products of a few rows by a weight laid out once in panels of
   16 output columns (precision.py), where the CPU has AVX2 and FMA (`panels_available`).
-- `DecodeLayer` / `Proj`: a whole Llama-shaped decoder layer of a decode step on those panels
+- `pack_panels_bf16` / `panel_linear_bf16`: the same for bf16 weights, in panels of 32 output columns
+  of input pairs, by `vdpbf16ps` (bf16 products, fp32 sums), where the CPU has AVX512_BF16
+  (`panels_bf16_available`).
+- `DecodeLayer` / `Proj`: a whole Llama-shaped decoder layer of a decode step on those panels (fp32 or bf16)
   (fused_decode.py); its RMS norm and SiLU-gated MLP middle are also bound as `rms_norm` and
   `silu_mul`, for their tests.
 

@@ -7,7 +7,8 @@ sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_at
 passes without gradients (sampling, forward) multiply by prepacked copies of the linear weights
 (`pack_linear_weights`): in fp32, every one in the panels of the engine's own kernel on a CPU with AVX2
 but no AVX512 (`Panels`), else the large ones by oneDNN; in bf16, by oneDNN where the CPU has native
-bf16.
+bf16, and also in the kernel's bf16 panels for the fused decode step where it has AVX512_BF16
+(`bf16_panels_apply`).
 LoRA weights, value heads and optimizer state are fp32 everywhere (see registry.py).
 """
 
@@ -126,6 +127,15 @@ def panels_apply() -> bool:
 
 
 @functools.cache
+def bf16_panels_apply() -> bool:
+    """Whether a bf16 CPU base also keeps its linear weights in the kernel's bf16 panels, which the
+    fused decode step (fused_decode.py) multiplies by: where the kernel was built with AVX512_BF16 and
+    the CPU has no AMX (oneDNN's AMX kernels were not measured against it)."""
+    k = kernels.load()
+    return k is not None and k.panels_bf16_available() and "amx_bf16" not in cpu_flags()
+
+
+@functools.cache
 def native_bf16() -> bool:
     """Whether this CPU has native bf16 matmul instructions and PyTorch has oneDNN to run them."""
     return bool(set(NATIVE_BF16_FLAGS) & cpu_flags()) and torch.backends.mkldnn.is_available()
@@ -198,10 +208,18 @@ def pack_linear_weights(model: PreTrainedModel) -> int:
     """Give each linear layer of a frozen CPU model whose weight `pack_weight` packs that prepacked
     copy, which passes without gradients multiply by (`_packed_forward`): sampling and forward. Training
     passes keep the plain weight, which their backward needs, so the packed copies cost the memory of
-    those weights once more. Returns how many layers were packed."""
+    those weights once more. A bf16 layer also gets its weight in bf16 panels (`_marft_bf16_panels`)
+    where `bf16_panels_apply`, for the fused decode step: once more that memory. Returns how many
+    layers were packed."""
     n = 0
     for m in model.modules():
-        if type(m) is torch.nn.Linear and (w := pack_weight(m.weight, m.bias)) is not None:
+        if type(m) is not torch.nn.Linear:
+            continue
+        if m.weight.dtype == torch.bfloat16 and bf16_panels_apply():
+            kernel = kernels.load()
+            assert kernel is not None
+            m._marft_bf16_panels = kernel.pack_panels_bf16(m.weight.detach())  # type: ignore[assignment]
+        if (w := pack_weight(m.weight, m.bias)) is not None:
             m._marft_packed = w  # type: ignore[assignment]  # not a parameter or buffer: never saved
             m.forward = types.MethodType(_packed_forward, m)  # type: ignore[method-assign]
             n += 1

@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator
 
 import pytest
 import torch
 from helpers import PARITY_TOL, add_policy, applied, perturb
-from test_speculative import sample
+from test_speculative import prompts, sample
 
 from marft_engine import decode_attention, fused_decode, lora_batch, precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
+    Completion,
+    Datum,
+    ForwardRequest,
     LoraConfig,
     SampleBatch,
     SampleRequest,
     SamplingParams,
 )
 
-pytestmark = pytest.mark.skipif(not precision.panels_apply(), reason="no panel kernel on this CPU")
+fp32_panels = pytest.mark.skipif(not precision.panels_apply(), reason="no fp32 panels on this CPU")
+bf16_panels = pytest.mark.skipif(not precision.bf16_panels_apply(), reason="no bf16 panels on this CPU")
 
 
 @pytest.fixture
@@ -64,6 +69,7 @@ def _compare(
         )
 
 
+@fp32_panels
 @pytest.mark.parametrize(("draft", "temperature"), [(0, 0.0), (0, 1.0), (4, 0.0)])
 def test_sampling_fused_equals_sampling_through_the_model(
     engine: Engine, counted: list[bool], monkeypatch: pytest.MonkeyPatch, draft: int, temperature: float
@@ -73,6 +79,7 @@ def test_sampling_fused_equals_sampling_through_the_model(
     _compare(engine, counted, monkeypatch, draft, temperature)
 
 
+@fp32_panels
 def test_a_base_with_biases_and_lora_on_some_layers(
     counted: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,6 +90,7 @@ def test_a_base_with_biases_and_lora_on_some_layers(
         _compare(e, counted, monkeypatch, 0, 1.0)
 
 
+@fp32_panels
 def test_new_adapter_weights_reach_the_next_call(
     engine: Engine, counted: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,6 +126,7 @@ def test_new_adapter_weights_reach_the_next_call(
         lora_batch.bump("A")
 
 
+@fp32_panels
 def test_a_lora_on_the_head_takes_the_model_forward(
     counted: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,6 +146,7 @@ def test_a_lora_on_the_head_takes_the_model_forward(
         assert on.response_ids == off.response_ids and on.logprobs == off.logprobs
 
 
+@fp32_panels
 def test_sdpa_asked_for_takes_the_model_forward(
     engine: Engine, counted: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,3 +155,66 @@ def test_sdpa_asked_for_takes_the_model_forward(
     monkeypatch.setattr(decode_attention, "ENABLED", False)
     sample(engine, 0, 0.0, seed=2)
     assert counted and not any(counted)
+
+
+@bf16_panels
+def test_bf16_fused_steps_are_as_close_to_fp32_as_the_model_step(
+    counted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bf16 base (bf16 panels): the fused steps' log-probs are within bf16 rounding of an fp32 pass
+    over the same bf16 weights, and closer to it than the model's own bf16 step (whose products round
+    their outputs to bf16), for greedy and seeded sampling, two adapters and the bare base, rows
+    joining and leaving."""
+    e16, e32 = Engine(device="cpu", max_batch=64), Engine(device="cpu", max_batch=64)
+    try:
+        e16.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
+        with monkeypatch.context() as m:  # no packed copies: the weights are rounded to bf16 below
+            m.setattr(precision, "pack_weight", lambda w, bias=None: None)
+            e32.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
+        with torch.no_grad():
+            for mod in e32.bases["b"].hf.modules():
+                if isinstance(mod, torch.nn.Linear):
+                    mod.weight.copy_(mod.weight.to(torch.bfloat16))
+        for e in (e16, e32):
+            add_policy(e, "A", seed=1)
+            add_policy(e, "B", seed=2)
+        with torch.no_grad():
+            for a in "AB":
+                for p, q in zip(e16.adapters[a].params, e32.adapters[a].params, strict=True):
+                    q.copy_(p)
+        lora_batch.bump()
+        for temperature in (0.0, 1.0):
+            fused = sample(e16, 0, temperature, seed=5)
+            assert 5 < sum(counted) < len(counted)  # the decode steps, not the prefills
+            counted.clear()
+            monkeypatch.setattr(fused_decode, "ENABLED", False)
+            plain = sample(e16, 0, temperature, seed=5)
+            monkeypatch.setattr(fused_decode, "ENABLED", True)
+            assert not any(counted)
+            counted.clear()
+            gaps = {}
+            for side, out in (("fused", fused), ("model", plain)):
+                gaps[side] = _gaps_to_fp32(e32, out, temperature)
+            assert statistics.mean(gaps["fused"]) < 0.01 and max(gaps["fused"]) < 0.2, gaps["fused"]
+            assert statistics.mean(gaps["fused"]) < statistics.mean(gaps["model"]), gaps
+    finally:
+        e16.close()
+        e32.close()
+
+
+def _gaps_to_fp32(e32: Engine, out: list[Completion], temperature: float) -> list[float]:
+    """|log-prob - the fp32 engine's forward log-prob| of every sampled token of `sample`'s rows of
+    adapters A and B (the bare base's rows are left out: forward takes an adapter)."""
+    gaps = []
+    rows = [(p, ["A", "B", "__base__"][i % 3]) for c in range(2) for i, (p, _) in enumerate(prompts(5 + c))]
+    for (prompt, adapter), c in zip(rows, out, strict=True):
+        if adapter == "__base__":
+            continue
+        req = ForwardRequest(
+            adapter=adapter,
+            data=[Datum(tokens=prompt + c.response_ids)],
+            temperature=temperature if temperature > 0 else 1.0,
+        )
+        ref = e32.forward(req).results[0].logprobs[len(prompt) :]
+        gaps += [abs(a - b) for a, b in zip(c.logprobs, ref, strict=True)]
+    return gaps

@@ -38,6 +38,9 @@ def test_bf16_on_cpu_samples_and_trains() -> None:
         assert hf.model.norm.weight.dtype == torch.float32
         assert hf.get_output_embeddings().weight.dtype == torch.bfloat16
         assert hf.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+        # the fused decode step's copy of each linear weight, where this CPU has bf16 panels
+        panels = [hasattr(m, "_marft_bf16_panels") for m in hf.modules() if isinstance(m, torch.nn.Linear)]
+        assert panels == [precision.bf16_panels_apply()] * len(panels)
         assert hf.config._attn_implementation == "marft_sdpa"
         add_policy(eng, "p", base="h", seed=3)
         assert all(p.dtype == torch.float32 for p in eng.adapters["p"].params)
@@ -325,6 +328,33 @@ def test_panels_multiply_any_shape_within_fp32_rounding_and_each_row_alone(
                 precision.packed_linear(x, packed, None),
                 precision.packed_linear(x.contiguous().view(-1, k), packed, None).view(*x.shape[:-1], n),
             )
+
+
+@pytest.mark.skipif(not precision.bf16_panels_apply(), reason="no bf16 panels on this CPU")
+def test_bf16_panels_multiply_any_shape_within_fp32_rounding_and_each_row_alone() -> None:
+    """The bf16 panel kernel (csrc/panel_linear.cpp): x and w rounded to bf16 as PyTorch rounds them,
+    the sums within fp32 rounding of the exact product (float64) of those, for every block of rows
+    (1 to 6, the 4 + 3 and 4 + 4 endings) and beyond, odd K, output columns that fill no whole panel;
+    and every row's result bit for bit the one it gets alone."""
+    k = kernels.load()
+    assert k is not None
+    g = torch.Generator().manual_seed(3)
+    for n, d in [(70, 33), (32, 576), (5, 64), (1536, 65), (1, 1)]:
+        w = torch.randn(n, d, generator=g)
+        panels = k.pack_panels_bf16(w.to(torch.bfloat16))
+        assert torch.equal(panels, k.pack_panels_bf16(w))  # fp32 weights are rounded as PyTorch does
+        for rows in [1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 64, 131]:
+            x = torch.randn(rows, d, generator=g)
+            got = k.panel_linear_bf16(x, panels, n)
+            xb, wb = x.to(torch.bfloat16).double(), w.to(torch.bfloat16).double()
+            exact = xb @ wb.T
+            bound = 2 * d**0.5 * torch.finfo(torch.float32).eps * (xb.abs() @ wb.abs().T + 1e-30)
+            assert got.dtype == torch.float32 and got.shape == exact.shape
+            assert bool(((got.double() - exact).abs() <= bound).all()), (n, d, rows)
+            for i in (0, rows // 2, rows - 1):
+                assert torch.equal(k.panel_linear_bf16(x[i : i + 1], panels, n)[0], got[i])
+    with pytest.raises(RuntimeError, match="pack_panels_bf16's"):
+        k.panel_linear_bf16(torch.randn(2, 8), k.pack_panels_bf16(torch.randn(4, 6)), 4)
 
 
 def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:

@@ -120,15 +120,23 @@ def test_panels_ab_on_a_tiny_model(tmp_path: Path) -> None:
     assert {k.rsplit("_ctx", 1)[0] for k in res} == {"float32_b4", "float32_b2"}
 
 
-@pytest.mark.skipif(not precision.panels_apply(), reason="the engine packs no panels on this CPU")
+@pytest.mark.skipif(
+    not (precision.panels_apply() or precision.bf16_panels_apply()), reason="no panels on this CPU"
+)
 def test_fused_ab_on_a_tiny_model(tmp_path: Path) -> None:
-    """bench/fused_ab.py: its fused side took the fused layer (it exits otherwise), and every figure
-    at each shape is a positive time or ratio."""
+    """bench/fused_ab.py: for each dtype the fused step has panels for here, its fused side took the
+    fused layer (it exits otherwise), and every figure at each shape is a positive time or ratio."""
     res = run_ab(tmp_path, "fused_ab.py", "--shapes", "4x1,2x2", "--tokens", "16")
-    assert res.pop("fused_steps") >= 2 * 16 / 2  # half the 16 decode steps of each shape
-    assert len(res) == 6
+    dtypes = [
+        d
+        for d, on in (("float32", precision.panels_apply()), ("bfloat16", precision.bf16_panels_apply()))
+        if on and (d == "float32" or precision.native_bf16())
+    ]
+    for dtype in dtypes:
+        assert res.pop(f"{dtype}_fused_steps") >= 2 * 16 / 2  # half the 16 decode steps of each shape
+    assert len(res) == 6 * len(dtypes)
     assert all(math.isfinite(v) and v > 0 for v in res.values())
-    assert {k.rsplit("_ctx", 1)[0] for k in res} == {"float32_b4", "float32_b2"}
+    assert {k.rsplit("_ctx", 1)[0] for k in res} == {f"{d}_b{b}" for d in dtypes for b in (4, 2)}
 
 
 def test_train_ab_on_a_tiny_model(tmp_path: Path) -> None:

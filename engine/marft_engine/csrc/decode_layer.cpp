@@ -1,9 +1,11 @@
-// One decoder layer of a Llama-shaped model (Llama, Qwen2) for a CPU decode step in fp32, in one call
+// One decoder layer of a Llama-shaped model (Llama, Qwen2) for a CPU decode step, in one call
 // (fused_decode.py). Why: at a decode step's few rows the layer's arithmetic is small, and Hugging
 // Face's forward spends as long again in Python and in about 280 small tensor operations a layer
 // (norms, rotary, LoRA masks, views), each dispatched on its own (docs/MEASUREMENTS.md). Here the
 // same steps run in order on the panel kernel's products, with each group of products that read the
 // same input (q, k, v and their LoRA As; gate and up and theirs) in one parallel region.
+// The residual stream, norms, LoRA and attention are fp32. The base weights' products are fp32, or,
+// where the weights are pack_panels_bf16's (a bf16 base), bf16 products with fp32 sums.
 #include <ATen/Parallel.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
@@ -22,7 +24,16 @@ using marft::PanelJob;
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
+bool is_bf16_panels(const torch::Tensor& p) { return p.scalar_type() == torch::kInt32; }
+
 void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what) {
+  if (is_bf16_panels(p)) {
+    TORCH_CHECK(p.dim() == 3 && p.is_contiguous() && p.size(1) == (K + 1) / 2 && p.size(2) == marft::NRB &&
+                    p.size(0) == (N + marft::NRB - 1) / marft::NRB,
+                "DecodeLayer: ", what, " must be pack_panels_bf16's [ceil(N / 32), ceil(K / 2), 32] for N = ", N,
+                ", K = ", K);
+    return;
+  }
   TORCH_CHECK(p.dim() == 3 && p.scalar_type() == torch::kFloat32 && p.is_contiguous() && p.size(1) == K &&
                   p.size(2) == marft::NR && p.size(0) == (N + marft::NR - 1) / marft::NR,
               "DecodeLayer: ", what, " must be pack_panels' [ceil(N / 16), K, 16] for N = ", N, ", K = ", K);
@@ -33,7 +44,7 @@ void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what
 // per-row path): A holds the adapters' A side by side ([n r, d_in], slot j in rows j r .. j r + r - 1),
 // B theirs ([d_out, n r], scaling folded in); row i keeps only its slot's block of A x (slot -1: none).
 struct Proj {
-  torch::Tensor w, bias, a, b;  // panels of W [N, K], bias [N] or empty, panels of A and B or empty
+  torch::Tensor w, bias, a, b;  // panels of W [N, K] (fp32 or bf16), bias [N] or empty, fp32 panels of A and B or empty
   int64_t K, N, AN, r;          // in, out, A's outputs (n r), rank r
   torch::Tensor slot;           // [M] int64: each row's LoRA slot, -1 for none; empty without LoRA
 
@@ -44,6 +55,7 @@ struct Proj {
     TORCH_CHECK(!bias.numel() || (bias.is_contiguous() && bias.numel() == N && bias.scalar_type() == torch::kFloat32),
                 "DecodeLayer: a bias must be [N] fp32");
     if (lora()) {
+      TORCH_CHECK(!is_bf16_panels(a) && !is_bf16_panels(b), "DecodeLayer: LoRA stacks must be fp32 panels");
       check_panels(a, K, AN, "a LoRA A stack");
       check_panels(b, AN, N, "a LoRA B stack");
       TORCH_CHECK(r > 0 && AN % r == 0 && slot.scalar_type() == torch::kInt64 && slot.is_contiguous(),
@@ -51,6 +63,7 @@ struct Proj {
     }
   }
   bool lora() const { return a.numel() > 0; }
+  bool bf16() const { return is_bf16_panels(w); }
 };
 
 class DecodeLayer {
@@ -161,13 +174,28 @@ class DecodeLayer {
     };
     const int64_t M = in.size(0), K = in.size(1);
     const float* X = in.data_ptr<float>();
+    torch::Tensor xb;  // `in` as bf16 pairs, for the projections with bf16 weights
+    for (int j : which) {
+      if (p_[j].bf16() && !xb.defined()) {
+        xb = torch::empty({M, (K + 1) / 2}, in.options().dtype(torch::kInt32));
+        marft::to_bf16_pairs(X, M, K, K, reinterpret_cast<uint32_t*>(xb.data_ptr<int32_t>()));
+      }
+    }
     std::vector<PanelJob> jobs;
     std::vector<Group> groups;
     size_t n = 0;
     for (int j : which) {
       const Proj& p = p_[j];
       float* y = out[n++]->data_ptr<float>();
-      jobs.push_back({M, X, K, K, p.w.data_ptr<float>(), K * marft::NR, p.N, y, p.N, false});
+      if (p.bf16()) {
+        PanelJob job{M, nullptr, 0, K, nullptr, (K + 1) / 2 * marft::NRB, p.N, y, p.N, false};
+        job.xb = reinterpret_cast<const uint32_t*>(xb.data_ptr<int32_t>());
+        job.ldxb = (K + 1) / 2;
+        job.wb = reinterpret_cast<const uint32_t*>(p.w.data_ptr<int32_t>());
+        jobs.push_back(job);
+      } else {
+        jobs.push_back({M, X, K, K, p.w.data_ptr<float>(), K * marft::NR, p.N, y, p.N, false});
+      }
       if (!p.lora()) continue;
       const int64_t* slot = p.slot.data_ptr<int64_t>();
       for (int64_t s = 0; s < p.AN / p.r; ++s) {

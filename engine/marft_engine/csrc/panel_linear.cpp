@@ -14,6 +14,9 @@
 #include <immintrin.h>
 #define MARFT_AVX2 1
 #endif
+#if defined(MARFT_AVX2) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define MARFT_BF16 1
+#endif
 
 namespace {
 using marft::NR;
@@ -85,6 +88,76 @@ inline void job_panel(const marft::PanelJob& j, int64_t p, const float* next) {
   }
 }
 #endif
+
+#ifdef MARFT_BF16
+using marft::NRB;
+constexpr int MRB = 6;  // rows a block of the bf16 kernel: 12 sums of 16 in registers, as the fp32 one
+
+// The bf16 counterpart of rows_times_panel: y[r, :cols] = (or += where acc) x[r, :] . panel for MR
+// rows of x as bf16 pairs [MR, K2] (row stride ldx words) and one panel [K2, 32] of weight pairs. Each
+// vdpbf16ps multiplies a pair of k for 16 columns and adds both products to fp32 sums, so each step
+// of k covers two of the fp32 kernel's at twice its columns.
+template <int MR>
+inline void rows_times_panel_bf16(const uint32_t* x, int64_t ldx, int64_t K2, const uint32_t* panel, float* y,
+                                  int64_t ldy, int64_t cols, bool acc) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z,
+         c50 = z, c51 = z;
+#define MARFT_ROW(r)                                                                   \
+  if constexpr (MR > r) {                                                              \
+    const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * ldx + k])); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, b, w0);                                        \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, b, w1);                                        \
+  }
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < K2; ++k) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + k * NRB);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + k * NRB + 16);
+    MARFT_ROW(0) MARFT_ROW(1) MARFT_ROW(2) MARFT_ROW(3) MARFT_ROW(4) MARFT_ROW(5)
+  }
+#undef MARFT_ROW
+  const __m512 sums[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + r * ldy;
+    if (cols == NRB && !acc) {
+      _mm512_storeu_ps(yr, sums[r][0]);
+      _mm512_storeu_ps(yr + 16, sums[r][1]);
+      continue;
+    }
+    alignas(64) float out[NRB];
+    _mm512_store_ps(out, sums[r][0]);
+    _mm512_store_ps(out + 16, sums[r][1]);
+    if (acc) {
+      for (int64_t c = 0; c < cols; ++c) yr[c] += out[c];
+    } else {
+      std::copy(out, out + cols, yr);
+    }
+  }
+}
+
+// Rows [0, j.M) of the bf16 job j times its panel p, in blocks as job_panel's.
+inline void job_panel_bf16(const marft::PanelJob& j, int64_t p) {
+  const int64_t M = j.M, K2 = (j.K + 1) / 2;
+  int64_t sixes = M / MRB;
+  if (sixes > 0 && M % MRB != 0 && M % MRB <= 2) --sixes;
+  const uint32_t* panel = j.wb + p * j.pstride;
+  const int64_t cols = std::min(NRB, j.N - p * NRB);
+  float* yp = j.y + p * NRB;
+  int64_t m = 0;
+  for (; m < sixes * MRB; m += MRB)
+    rows_times_panel_bf16<MRB>(j.xb + m * j.ldxb, j.ldxb, K2, panel, yp + m * j.ldy, j.ldy, cols, j.acc);
+  while (m < M) {
+    const int64_t r = std::min<int64_t>(4, M - m);
+    const uint32_t* x = j.xb + m * j.ldxb;
+    float* y = yp + m * j.ldy;
+    if (r == 4) rows_times_panel_bf16<4>(x, j.ldxb, K2, panel, y, j.ldy, cols, j.acc);
+    else if (r == 3) rows_times_panel_bf16<3>(x, j.ldxb, K2, panel, y, j.ldy, cols, j.acc);
+    else if (r == 2) rows_times_panel_bf16<2>(x, j.ldxb, K2, panel, y, j.ldy, cols, j.acc);
+    else rows_times_panel_bf16<1>(x, j.ldxb, K2, panel, y, j.ldy, cols, j.acc);
+    m += r;
+  }
+}
+#endif
 }  // namespace
 
 bool panels_available() {
@@ -92,6 +165,67 @@ bool panels_available() {
   return true;
 #else
   return false;
+#endif
+}
+
+bool panels_bf16_available() {
+#ifdef MARFT_BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
+void marft::to_bf16_pairs(const float* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out) {
+  const int64_t K2 = (K + 1) / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    uint32_t* o = out + m * K2;
+    for (int64_t k = 0; k < K2; ++k) {
+      const uint32_t lo = c10::detail::round_to_nearest_even(xr[2 * k]);
+      const uint32_t hi = 2 * k + 1 < K ? c10::detail::round_to_nearest_even(xr[2 * k + 1]) : 0;
+      o[k] = lo | (hi << 16);
+    }
+  }
+}
+
+// w [N, K] (fp32 or bf16) -> bf16 panels [ceil(N / 32), ceil(K / 2), 32] of 32-bit words: panel p,
+// row k holds the pairs (w[c, 2k], w[c, 2k + 1]) for c in [32 p, 32 p + 32), low half first, zero
+// past N and K. Stored as int32 (PyTorch has no bf16-pair dtype).
+torch::Tensor pack_panels_bf16(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kBFloat16),
+              "pack_panels_bf16: w must be [N, K] fp32 or bf16");
+  const int64_t N = w.size(0), K = w.size(1), P = (N + marft::NRB - 1) / marft::NRB, K2 = (K + 1) / 2;
+  auto padded = torch::zeros({P * marft::NRB, 2 * K2}, w.options().dtype(torch::kBFloat16));
+  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(w);
+  // [P, 32, K2, 2] -> [P, K2, 32, 2], then each pair as one word
+  return padded.view({P, marft::NRB, K2, 2}).transpose(1, 2).contiguous().view(torch::kInt32).view({P, K2, marft::NRB});
+}
+
+// x [M, K] fp32 (rounded to bf16) times pack_panels_bf16's panels of w [N, K] -> [M, N] fp32, the sums
+// in fp32. A row's result does not depend on the other rows of the call.
+torch::Tensor panel_linear_bf16(torch::Tensor x, torch::Tensor panels, int64_t N) {
+#ifdef MARFT_BF16
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "panel_linear_bf16: x must be [M, K] fp32");
+  const int64_t M = x.size(0), K = x.size(1), K2 = (K + 1) / 2;
+  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kInt32 && panels.size(1) == K2 &&
+                  panels.size(2) == marft::NRB && panels.is_contiguous() &&
+                  panels.size(0) == (N + marft::NRB - 1) / marft::NRB,
+              "panel_linear_bf16: panels must be pack_panels_bf16's [ceil(N / 32), ceil(K / 2), 32] for x's K");
+  x = x.contiguous();
+  auto xb = torch::empty({M, K2}, x.options().dtype(torch::kInt32));
+  auto* xbp = reinterpret_cast<uint32_t*>(xb.data_ptr<int32_t>());
+  marft::to_bf16_pairs(x.data_ptr<float>(), M, K, K, xbp);
+  auto y = torch::empty({M, N}, x.options());
+  marft::PanelJob job{M, nullptr, 0, K, nullptr, K2 * marft::NRB, N, y.data_ptr<float>(), N, false};
+  job.xb = xbp;
+  job.ldxb = K2;
+  job.wb = reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>());
+  marft::panel_jobs({job});
+  return y;
+#else
+  TORCH_CHECK(false, "panel_linear_bf16: built without AVX512_BF16");
+  return x;
 #endif
 }
 
@@ -126,21 +260,33 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
 void marft::panel_jobs(const std::vector<PanelJob>& jobs) {
 #ifdef MARFT_AVX2
   std::vector<int64_t> first(jobs.size() + 1, 0);  // job j's panels are items [first[j], first[j + 1])
-  for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + (jobs[j].N + NR - 1) / NR;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+#ifndef MARFT_BF16
+    TORCH_CHECK(!jobs[j].wb, "panel_jobs: a bf16 job, built without AVX512_BF16");
+#endif
+    const int64_t width = jobs[j].wb ? marft::NRB : NR;
+    first[j + 1] = first[j] + (jobs[j].N + width - 1) / width;
+  }
   at::parallel_for(0, first.back(), 1, [&](int64_t lo, int64_t hi) {
     size_t j = 0;
     for (int64_t item = lo; item < hi; ++item) {
       while (item >= first[j + 1]) ++j;
       const marft::PanelJob& job = jobs[j];
       const int64_t p = item - first[j];
+#ifdef MARFT_BF16
+      if (job.wb) {
+        job_panel_bf16(job, p);
+        continue;
+      }
+#endif
       if (job.M <= 6) {  // one block of rows streams its panel from memory as it goes: no prefetch
         job_panel<false>(job, p, nullptr);
         continue;
       }
       // the thread's next item: this job's next panel, or the next job's first
       const float* next = p + 1 < first[j + 1] - first[j] ? job.panels + (p + 1) * job.pstride
-                          : j + 1 < jobs.size()           ? jobs[j + 1].panels
-                                                          : job.panels;
+                          : j + 1 < jobs.size() && !jobs[j + 1].wb ? jobs[j + 1].panels
+                                                                 : job.panels;
       job_panel<true>(job, p, next);
     }
   });
