@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from marft_engine import kernels as kernels_ext
 from marft_engine import precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import Datum, ForwardBackwardRequest, ForwardRequest
@@ -51,8 +52,8 @@ def gemm_kernels(
     a: torch.Tensor, b: torch.Tensor
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """The dense products a @ b.T this machine offers PyTorch: `torch.matmul` (MKL's sgemm for fp32 on
-    a CPU), the engine's panel kernel where it has one (fp32 on a CPU with AVX2 but no AVX512,
-    precision.py) and, on a CPU with oneDNN, oneDNN's inner product on a prepacked weight. Why: on AMD
+    a CPU), the engine's panel kernel where it has one (fp32 on a CPU with AVX2 but no AVX512; bf16,
+    `panels_bf16`, on a CPU with AVX512_BF16 and no AMX: precision.py) and, on a CPU with oneDNN, oneDNN's inner product on a prepacked weight. Why: on AMD
     CPUs MKL's sgemm takes a path well short of AVX512 (2026-12-04, Zen 5: ~100 against oneDNN's
     ~240 GFLOP/s on one core), so a probe of `torch.matmul` alone understates the hardware."""
     kernels: dict[str, Callable[[], torch.Tensor]] = {"matmul": lambda: a @ b.T}
@@ -60,6 +61,16 @@ def gemm_kernels(
         panels = precision.pack_weight(b)  # the engine's own kernel (precision.Panels)
         assert isinstance(panels, precision.Panels)
         kernels["panels"] = lambda: precision.packed_linear(a, panels, None)
+    if (
+        a.device.type == "cpu"
+        and a.dtype == torch.bfloat16
+        and precision.bf16_panels_apply()
+    ):
+        k = kernels_ext.load()
+        assert k is not None
+        bf16_panels = k.pack_panels_bf16(b)
+        x = a.float()  # the kernel takes fp32 rows and rounds them to bf16 itself
+        kernels["panels_bf16"] = lambda: k.panel_linear_bf16(x, bf16_panels, b.shape[0])
     if a.device.type == "cpu" and torch.backends.mkldnn.is_available():
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(b, a.shape[0])
@@ -104,8 +115,9 @@ def linear_seconds(
 ) -> dict[str, float]:
     """Seconds for every base linear weight of the model (LoRA apart, the LM head included) applied
     to `rows` rows once, as a decode step at batch `rows` applies them, per kernel of `gemm_kernels`:
-    how far the engine's kernel (`panels` where there is one, else `matmul` in fp32 and `onednn` in
-    bf16, precision.py) is from the fastest. Median of `reps` after a warm-up."""
+    how far the engine's kernel (`panels` where there is one, else `matmul` in fp32; in bf16,
+    `panels_bf16` in the fused decode step where there are bf16 panels, else `onednn`; precision.py)
+    is from the fastest. Median of `reps` after a warm-up."""
     weights = [
         m.weight.detach()
         for n, m in model.named_modules()

@@ -13,7 +13,8 @@
   decode_lora4_step_ms_*: a step with the rows spread over 4 LoRA adapters, as a rollout decodes.
   decode_sampling_flops_fraction_*: the same for the whole call, its prefill's FLOPs counted.
   decode_linears_ms_<kernel>_*: a step's weight products alone at batch 32, per probe kernel (the
-  engine runs `panels` where it has them, precision.py).
+  engine runs `panels` or, in its fused bf16 decode step, `panels_bf16` where it has them,
+  precision.py).
 - train_flops_fraction: model FLOP/s of forward_backward (PPO, LoRA r16 on every projection) on the
   demo's shapes (8 data of a 60-100 token prompt and a 12-20 token answer, weights on the answer) over
   the probe. Model FLOPs: 4 x linear weights x tokens (forward, and the backward's activation
