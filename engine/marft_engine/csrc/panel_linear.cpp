@@ -267,7 +267,8 @@ void marft::panel_jobs(const std::vector<PanelJob>& jobs) {
     const int64_t width = jobs[j].wb ? marft::NRB : NR;
     first[j + 1] = first[j] + (jobs[j].N + width - 1) / width;
   }
-  at::parallel_for(0, first.back(), 1, [&](int64_t lo, int64_t hi) {
+  const int64_t items = first.back();
+  auto run = [&](int64_t lo, int64_t hi) {
     size_t j = 0;
     for (int64_t item = lo; item < hi; ++item) {
       while (item >= first[j + 1]) ++j;
@@ -289,6 +290,28 @@ void marft::panel_jobs(const std::vector<PanelJob>& jobs) {
                                                                  : job.panels;
       job_panel<true>(job, p, next);
     }
+  };
+  // Each thread takes a run of items of about equal work (rows x columns x (depth + the stores); a
+  // bf16 panel's depth counts half, two products an instruction), not of equal count: the items of
+  // one call differ several-fold (a bf16 panel of a base weight over all rows, an fp32 panel of one
+  // adapter's LoRA A over its rows), and a split by count left a thread waiting on the other.
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
+  if (threads <= 1 || at::in_parallel_region()) {
+    run(0, items);
+    return;
+  }
+  std::vector<double> work(items + 1, 0.0);  // work[i]: the work of items [0, i)
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const PanelJob& job = jobs[j];
+    const double w = static_cast<double>(job.M) * (job.wb ? marft::NRB * ((job.K + 1) / 2 + 4) : NR * (job.K + 8));
+    for (int64_t i = first[j]; i < first[j + 1]; ++i) work[i + 1] = work[i] + w;
+  }
+  auto bound = [&](int64_t t) -> int64_t {  // thread t's first item
+    if (t >= threads) return items;
+    return std::lower_bound(work.begin(), work.begin() + items, work[items] * t / threads) - work.begin();
+  };
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run(bound(t), bound(t + 1));
   });
 #else
   TORCH_CHECK(false, "panel_jobs: built without AVX2 and FMA");
