@@ -5,7 +5,8 @@ operations a layer (norms, rotary embedding, the KV cache's update, LoRA slots, 
 they cost about as long as the layer's products (docs/MEASUREMENTS.md). The kernel runs the same
 steps on the panel kernel's products (precision.py), each row through its own adapter's LoRA as
 lora_batch.py's per-row path does, and writes the step's keys and values into the sampler's slot
-cache (kv_cache.py). The embedding, the rotary tables, the final norm and the head stay in PyTorch.
+cache (kv_cache.py). The embedding, the rotary tables and the final norm stay in PyTorch, and so does
+an fp32 base's head (on its panels); a bf16 base's head is one more product on the bf16 panels.
 
 It applies to the sampler's decode steps of one token a row (no drafts) of at most PANEL_MAX_ROWS rows
 on a CPU base whose linear weights the kernel has in panels: an fp32 base's in fp32 panels
