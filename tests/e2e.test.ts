@@ -18,9 +18,8 @@
 // (docs/MEASUREMENTS.md, 2026-12-04 and 2026-12-05). On a Zen 4 (2026-12-07), with both at 5e-3 the
 // team held 0.95-1.00 at iterations 47-53 and fell to 0.50 at 54 (the listener's entropy 1.92 ->
 // 1.30, while the KL measured in its last update was 0.008: a step after the measurement moved it);
-// with the
-// listener at 4e-3 it reached 0.94 at iteration 50 and held 0.95-1.00 from 51 to the end; at 3e-3,
-// 0.91 at 53 and 0.95-1.00 only from 57. The listener at 4e-3 is untested on the other CPUs.
+// with the listener at 4e-3 it reached 0.94 at iteration 50 and held 0.95-1.00 from 51 to the end;
+// at 3e-3, 0.91 at 53 and 0.95-1.00 only from 57. The listener at 4e-3 is untested on the other CPUs.
 // Critic-free does not decode `secret` reliably (README, measured results); its learning tests are
 // the orchestrated and parallel-vote ones below, where the aggregator has to read the solvers.
 import { rmSync } from "node:fs";
