@@ -9,7 +9,11 @@
 // iterations' rate at p < 1e-6 and a gain of 0.15 (7 standard errors) say the team learned. A window
 // of three (192 episodes) was too short: a CI run at ~0.5 from iteration 40 on ended 0.53, 0.50, 0.30
 // and missed a +0.2 bar by 0.002. Of four runs here two ended at 1.00, one at ~0.57; one reached 1.00 at
-// iteration 43, then fell to 0.25-0.69 (lr 1e-2 on a tiny model), its last ten at 0.46.
+// iteration 43, then fell to 0.25-0.69 (lr 1e-2 on a tiny model), its last ten at 0.46. So the checker
+// trains at 5e-3 here (the app's config says 1e-2): on a Zen 4 (2026-12-07) at 1e-2 one fresh-clone
+// run held 0.97-1.00 from iteration 45 and ended 0.69, 0.25; another reached 0.61 and fell to
+// 0.08-0.28, its last ten at 0.32 (p = 4e-6, failing); at 5e-3 two runs rose past 0.9 in the
+// checker's last ten iterations and ended at 1.00.
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -73,7 +77,7 @@ describe("an unmodified app trains end to end through the gateway (tiny model, C
       tasks,
       run: openaiDuo.run,
       runDir: dir,
-      set: ["train.checkpointEvery=0", "engine.threads=1"],
+      set: ["train.checkpointEvery=0", "engine.threads=1", "agents[1].lr=5e-3"],
     });
     const rows = new RunDir(dir).readMetrics();
     const reward = rows.map((r) => r["reward/mean"]!);
