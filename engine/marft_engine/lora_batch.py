@@ -10,9 +10,10 @@ each row's block) it keeps for the next passes over the same rows and weights (`
 it anew in every LoRA layer of every decode step was a measurable share of the step
 (docs/MEASUREMENTS.md).
 
-Only inference in eval mode takes this path (dropout and LoRA variants fall back to PEFT). A training
-pass over several adapters' rows (training_batch.py) takes `_train_rows_forward`: each run of one
-adapter's rows through its own LoRA modules, with gradients. The stacks are rebuilt when `bump()` says
+A pass over real tokens only (a prefill, unpad.py) takes each run of one adapter's rows through its
+own block instead (`_add_runs`). Only inference in eval mode takes this path (dropout and LoRA
+variants fall back to PEFT). A training pass over several adapters' rows (training_batch.py) takes
+`_train_rows_forward`: each run of one adapter's rows through its own LoRA modules, with gradients. The stacks are rebuilt when `bump()` says
 weights may have changed (optimizer steps, loads, adapter creation and deletion). Every other pass
 (one adapter, with or without gradients) takes `_active_forward`: PEFT's forward with fewer copies.
 """
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from peft.tuners.lora import layer as lora_layer
 
 from . import precision, unpad
@@ -145,6 +147,8 @@ def _mixed_batch_forward(
     x = x.to(dtype)  # once for both products (the base layer's autocast would cast it the same way)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     A, B, slot, A_packed, B_packed = _stacks(self, names, dtype)
+    if slot and adapter_names is _rows and unpad.layout() is not None and result.dtype == dtype:
+        return _add_runs(result, x, A, B, slot)  # a prefill: no plan kept, its layout is its own
     keep = None
     if slot and (len(names) > 1 or names[0] not in slot):  # several adapters' rows, or rows without one here
         keep = _row_choice(adapter_names, slot, x.device, dtype)[:, None]  # [B, 1, n]
@@ -157,6 +161,31 @@ def _mixed_batch_forward(
     if not slot:  # no row has a LoRA on this layer (__base__ rows, or adapters on other layers)
         return result
     return result + _lora_out(x, plan).to(result.dtype)
+
+
+def _add_runs(
+    result: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, slot: dict[str, int]
+) -> torch.Tensor:
+    """A pass over real tokens only (unpad.py: x [1, N, d_in], the rows' tokens end to end, as a
+    prefill lays them out): each run of one adapter's rows (`_runs`; the sampler orders a prefill's
+    rows by adapter, so there is one run per adapter) through its own block of A and B, added into
+    result [1, N, d_out] in place. Why: `_lora_out` takes every token through every adapter's block
+    (n times the LoRA products, and a mask), then adds its own output of the layer's size; at a
+    prefill's thousands of tokens that was most of what LoRA cost. The same sums, within the rounding
+    of one add fewer (bf16: the B product's sum is rounded once, with the layer's output)."""
+    lay = unpad.layout()
+    assert lay is not None
+    r = A.shape[0] // len(slot)
+    y, x2 = result.view(-1, result.shape[-1]), x.view(-1, x.shape[-1])  # [N, d_out], [N, d_in]
+    at = 0
+    for a, start, n in _runs():
+        size = sum(lay.lengths[start : start + n])
+        j = slot.get(a)
+        if j is not None:  # __base__ rows and adapters without a LoRA here add nothing
+            xa = F.linear(x2[at : at + size], A[j * r : (j + 1) * r])  # [size, r]
+            y[at : at + size].addmm_(xa, B[:, j * r : (j + 1) * r].t())  # += xa B_j^T
+        at += size
+    return result
 
 
 class _Plan(NamedTuple):

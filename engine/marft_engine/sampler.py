@@ -241,6 +241,11 @@ class Sampler:
                 keys[key] = len(uniq)
                 uniq.append(r)
             which.append(keys[key])
+        # one adapter's prompts side by side: the prefill's LoRA then runs once per adapter over its
+        # rows' tokens (lora_batch._add_runs), not every token through every adapter's
+        order = sorted(range(len(uniq)), key=lambda i: uniq[i].adapter)
+        rank = {i: k for k, i in enumerate(order)}
+        uniq, which = [uniq[i] for i in order], [rank[w] for w in which]
         prompts = [(r.adapter, r.prompt) for r in uniq]
         cache = self._prefix_cache(base)
         if cache is not None:

@@ -9,11 +9,11 @@ from typing import TypeVar
 
 import pytest
 import torch
-from helpers import PARITY_TOL, TARGETS, add_policy, perturb, ppo_data
+from helpers import PARITY_TOL, TARGETS, add_policy, perturb, ppo_data, seqs
 from test_speculative import sample
 from transformers import AutoConfig
 
-from marft_engine import unpad
+from marft_engine import lora_batch, unpad
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     AdapterCreate,
@@ -24,6 +24,9 @@ from marft_engine.schemas import (
     ForwardRequest,
     LoraConfig,
     PPOConfig,
+    SampleBatch,
+    SampleRequest,
+    SamplingParams,
     ValueConfig,
 )
 
@@ -117,6 +120,52 @@ def test_forward_gives_the_log_probs_and_values_of_the_padded_pass(eng: Engine) 
             got, want = torch.tensor(getattr(a, field)), torch.tensor(getattr(b, field))
             assert got.shape == want.shape == (len(d.tokens),)
             assert torch.allclose(got, want, rtol=tol, atol=tol), field
+
+
+def test_a_mixed_prefill_takes_each_adapters_lora_over_its_own_rows(
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts of several lengths, their adapters interleaved: A, B, the bare base, and D with LoRA on
+    two projections only. The prefill puts each adapter's rows side by side and takes each run through
+    its own LoRA block only (lora_batch._add_runs), one run per adapter; every row gets forward's
+    log-probs for its own adapter, prompt and tokens (a row through another row's block, or a row's
+    result returned to another request, is off by the adapters' difference)."""
+    eng.create_adapter(
+        AdapterCreate(
+            name="D", base="b", lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]), seed=4
+        )
+    )
+    perturb(eng, "D", 1004)
+    runs: list[list[str]] = []
+    add_runs = lora_batch._add_runs
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        runs.append([a for a, _, _ in lora_batch._runs()])
+        return add_runs(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lora_batch, "_add_runs", counted)
+    try:
+        adapters = ["A", "B", "__base__", "D", "A", "B", "D", "__base__"]
+        sp = SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True)
+        reqs = [
+            SampleRequest(adapter=a, base="b", prompt_ids=p, sampling=sp, seed=i)
+            for i, (a, p) in enumerate(zip(adapters, seqs(len(adapters), 31, 3, 14), strict=True))
+        ]
+        out = eng.sample(SampleBatch(requests=reqs)).results
+        assert runs and all(r == ["A", "B", "D", "__base__"] for r in runs)
+        tol = PARITY_TOL if eng.bases["b"].dtype == torch.float32 else 2e-2
+        for req, res in zip(reqs, out, strict=True):
+            assert res.adapter == req.adapter and res.prompt_ids == req.prompt_ids
+            c = res.completions[0]
+            f = eng.forward(
+                ForwardRequest(
+                    adapter=req.adapter, base="b", data=[Datum(tokens=res.prompt_ids + c.response_ids)]
+                )
+            )
+            want = torch.tensor(f.results[0].logprobs[len(res.prompt_ids) :])
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=tol, rtol=0)
+    finally:
+        eng.delete_adapter("D")
 
 
 def test_the_trunk_sees_only_real_tokens(eng: Engine) -> None:
