@@ -231,6 +231,8 @@ class Sampler:
             raise
 
     def _prefill(self, base: Base, run: Running[Row] | None, new: list[Row]) -> None:
+        # one adapter's rows side by side: its LoRA runs once over their tokens (lora_batch._add_runs)
+        new = sorted(new, key=lambda r: r.adapter)
         # Prefill each distinct (request, prompt) once; its n samples then share the cache.
         keys: dict[tuple[int, int], int] = {}
         uniq: list[Row] = []
@@ -241,11 +243,6 @@ class Sampler:
                 keys[key] = len(uniq)
                 uniq.append(r)
             which.append(keys[key])
-        # one adapter's prompts side by side: the prefill's LoRA then runs once per adapter over its
-        # rows' tokens (lora_batch._add_runs), not every token through every adapter's
-        order = sorted(range(len(uniq)), key=lambda i: uniq[i].adapter)
-        rank = {i: k for k, i in enumerate(order)}
-        uniq, which = [uniq[i] for i in order], [rank[w] for w in which]
         prompts = [(r.adapter, r.prompt) for r in uniq]
         cache = self._prefix_cache(base)
         if cache is not None:
