@@ -8,7 +8,8 @@ and value once for its whole group of query heads, with the arithmetic vectorize
 
 It is built with the engine's other CPU kernels (kernels.py) and applies to the sampler's decode
 steps: passes without gradients on a CPU that feed at most MAX_QUERIES positions a row after a KV
-cache with fp32 keys and values (the cache every CPU base decodes from). Passes over whole sequences
+cache with fp32 keys and values (an fp32 base's), or bf16 ones (a bf16 base's, precision.place: half
+the bytes to read), which it reads as the fp32 numbers they are. Passes over whole sequences
 (prefill, `forward`, training) keep SDPA. Where it cannot
 be built (no C++ compiler), or with MARFT_DECODE_KERNEL=0, decoding keeps SDPA: the same results within
 fp32 rounding (tests/test_decode_attention.py).
@@ -35,8 +36,8 @@ def attend(
     scaling: float | None,
 ) -> torch.Tensor | None:
     """softmax(q k^T * scaling + mask) v as [B, T, H, D] fp32 by the kernel, or None where it does
-    not apply (a GPU, gradients, bf16 keys or values, no bool mask, no cache, more than MAX_QUERIES
-    positions, or no kernel): the caller then runs SDPA."""
+    not apply (a GPU, gradients, keys and values neither both fp32 nor both bf16, no bool mask, no
+    cache, more than MAX_QUERIES positions, or no kernel): the caller then runs SDPA."""
     B, H, T, D = query.shape
     if not (
         ENABLED
@@ -44,8 +45,8 @@ def attend(
         and not torch.is_grad_enabled()
         and T <= MAX_QUERIES
         and T < key.shape[2]  # it reads a KV cache (a pass over a whole sequence has T = L)
-        and key.dtype == torch.float32
-        and value.dtype == torch.float32
+        and key.dtype in (torch.float32, torch.bfloat16)
+        and value.dtype == key.dtype
         and key.stride(-1) == 1
         and value.stride(-1) == 1
         and mask is not None

@@ -38,6 +38,7 @@ MODEL_TYPES = ("llama", "qwen2")  # decoder layers of exactly this shape (`_chec
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _EMPTY = torch.empty(0)
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the slot caches it writes and attends (precision.place)
 
 
 def logits(
@@ -74,7 +75,7 @@ def logits(
     if not (
         isinstance(slots, list)
         and len(slots) == model.config.num_hidden_layers
-        and all(isinstance(s, SlotLayer) and s.n == B and s.kbuf.dtype == torch.float32 for s in slots)
+        and all(isinstance(s, SlotLayer) and s.n == B and s.kbuf.dtype in CACHE_DTYPES for s in slots)
         and mask.shape == (B, slots[0].end + 1 - slots[0].start)
     ):
         return None

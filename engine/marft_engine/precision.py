@@ -3,7 +3,8 @@
 A base computes in fp32 or bf16 (`compute_dtype`). On a GPU a bf16 base is stored in bf16. On a CPU
 it keeps fp32 embeddings and norms (so the residual stream is fp32, as under autocast) and bf16
 linear weights (`bf16_linear_weights`), every pass runs under bf16 autocast (`autocast`), and the
-sampler decodes from an fp32 KV cache with attention in fp32 (`install_decode_attention`). On a CPU,
+sampler decodes from a bf16 KV cache (fp32 without the engine's attention kernel) with attention in
+fp32 (`install_decode_attention`, `place`). On a CPU,
 passes without gradients (sampling, forward) multiply by prepacked copies of the linear weights
 (`pack_linear_weights`): in fp32, every one in the panels of the engine's own kernel on a CPU with AVX2
 but no AVX512 (`Panels`), else the large ones by oneDNN; in bf16, by oneDNN where the CPU has native
@@ -66,7 +67,12 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
     if dtype == torch.bfloat16:
         bf16_linear_weights(model)
     pack_linear_weights(model)
-    return torch.float32 if dtype == torch.bfloat16 else None
+    if dtype != torch.bfloat16:
+        return None
+    # A bf16 base's decode steps read bf16 keys and values (half the bytes; the steps are bound by
+    # reading them) where the engine's attention kernel reads them. CPU SDPA in bf16 is several times
+    # slower for a one-token query, so without the kernel the cache stays fp32.
+    return torch.bfloat16 if decode_attention.ENABLED and kernels.load() is not None else torch.float32
 
 
 def bf16_linear_weights(model: PreTrainedModel) -> None:
@@ -339,8 +345,10 @@ def _attention(
     as Hugging Face's sdpa path does for masked attention. A bf16 training pass on a CPU whose
     scores are few takes `explicit_attention` instead (EXPLICIT_ATTENTION_SCORES). Returns
     ([B, T, H, D], None)."""
-    dt = value.dtype
     B, H, T, _ = query.shape
+    # a decode step from a bf16 slot cache that the kernel below does not take: fp32, as from an fp32 one
+    reads_cache = query.device.type == "cpu" and T < key.shape[2] and not torch.is_grad_enabled()
+    dt = torch.float32 if value.dtype == torch.bfloat16 and reads_cache else value.dtype
     if (
         dt == torch.bfloat16
         and query.device.type == "cpu"
@@ -362,7 +370,7 @@ def _attention(
                 module,  # type: ignore[arg-type]
                 query.to(dt),
                 key.to(dt),
-                value,
+                value.to(dt),
                 attention_mask,
                 dropout=dropout,
                 scaling=scaling,
@@ -372,7 +380,7 @@ def _attention(
         out = F.scaled_dot_product_attention(
             query.to(dt),
             key.to(dt),
-            value,
+            value.to(dt),
             attn_mask=attention_mask,
             dropout_p=dropout,
             scale=scaling,

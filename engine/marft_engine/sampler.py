@@ -12,8 +12,8 @@ the last row moves into its slot. Joining and leaving copy one row's cache, neve
 at once (token_choice.py) and checks its stop strings on the text the token can have completed
 (stops.py).
 
-On a CPU, a bf16 base decodes under bf16 autocast with an fp32 KV cache (`Base.cache_dtype`) and
-attention in fp32 (see precision.py).
+On a CPU, a bf16 base decodes under bf16 autocast with a bf16 KV cache (`Base.cache_dtype`: fp32
+without the engine's attention kernel) and attention in fp32 (see precision.py).
 """
 
 from __future__ import annotations

@@ -51,6 +51,24 @@ def test_equals_sdpa(B: int, H: int, Hk: int, T: int, L: int, D: int) -> None:
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("B", "H", "Hk", "T", "L", "D"), [(7, 9, 3, 1, 61, 64), (3, 4, 2, 3, 27, 12)])
+def test_bf16_keys_and_values_are_read_as_their_fp32_values(
+    B: int, H: int, Hk: int, T: int, L: int, D: int
+) -> None:
+    """A bf16 slot cache (a bf16 base's, precision.place), through the vector path and the scalar one:
+    the kernel's result over fp32 copies of the same values (the scalar tail's sums may vectorize
+    otherwise: the last bits), and SDPA's over them."""
+    q, k, v, keep = _case(B, H, Hk, T, L, D, seed=B * 10 + L)
+    kb, vb = k.bfloat16(), v.bfloat16()
+    with torch.no_grad():
+        got = decode_attention.attend(q, kb, vb, keep, None)
+        as_fp32 = decode_attention.attend(q, kb.float(), vb.float(), keep, None)
+    assert got is not None and as_fp32 is not None
+    torch.testing.assert_close(got, as_fp32, rtol=1e-6, atol=1e-6)
+    want = F.scaled_dot_product_attention(q, kb.float(), vb.float(), attn_mask=keep, enable_gqa=H != Hk)
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
 def test_a_query_with_nothing_to_attend_is_finite() -> None:
     q, k, v, keep = _case(2, 4, 2, 1, 10, 8, seed=3)
     keep[1] = False
@@ -89,7 +107,8 @@ def test_a_rows_left_padding_is_not_read(T: int, D: int) -> None:
 def test_where_it_does_not_apply() -> None:
     q, k, v, keep = _case(2, 4, 2, 2, 10, 8, seed=4)
     with torch.no_grad():
-        assert decode_attention.attend(q, k.bfloat16(), v.bfloat16(), keep, None) is None
+        assert decode_attention.attend(q, k.bfloat16(), v, keep, None) is None  # one dtype or the other
+        assert decode_attention.attend(q, k.half(), v.half(), keep, None) is None
         assert decode_attention.attend(q, k, v, None, None) is None
         assert decode_attention.attend(q, k, v, keep.float(), None) is None
         whole = torch.randn(2, 4, 10, 8)  # no cache: a pass over a whole sequence

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from helpers import PARITY_TOL, add_policy, ppo_data, seqs
 
-from marft_engine import kernels, precision
+from marft_engine import decode_attention, kernels, precision
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     BaseCreate,
@@ -25,7 +25,8 @@ from marft_engine.schemas import (
 
 
 def test_bf16_on_cpu_samples_and_trains() -> None:
-    """dtype=bfloat16 on CPU: every pass runs under bf16 autocast (decode attention in fp32), LoRA
+    """dtype=bfloat16 on CPU: every pass runs under bf16 autocast (decode attention in fp32, from a
+    bf16 KV cache where the kernel reads it), LoRA
     weights stay fp32; sampling and forward agree to bf16 precision; training moves it."""
     eng = Engine(device="cpu")
     try:
@@ -42,6 +43,9 @@ def test_bf16_on_cpu_samples_and_trains() -> None:
         panels = [hasattr(m, "_marft_bf16_panels") for m in hf.modules() if isinstance(m, torch.nn.Linear)]
         assert panels == [precision.bf16_panels_apply()] * len(panels)
         assert hf.config._attn_implementation == "marft_sdpa"
+        # decode steps read bf16 keys and values where the engine's attention kernel reads them
+        kernel = kernels.load() is not None and decode_attention.ENABLED
+        assert eng.bases["h"].cache_dtype == (torch.bfloat16 if kernel else torch.float32)
         add_policy(eng, "p", base="h", seed=3)
         assert all(p.dtype == torch.float32 for p in eng.adapters["p"].params)
         reqs = [
@@ -50,7 +54,17 @@ def test_bf16_on_cpu_samples_and_trains() -> None:
             )
             for s in seqs(4, 77)
         ]
+        caches: list[torch.dtype] = []  # the slot cache's dtype at each decode step
+        step = eng.sampler._step
+
+        def seen(base: object) -> None:
+            caches.extend(s.kbuf.dtype for s in eng.sampler.running["h"].layers)
+            step(base)  # type: ignore[arg-type]
+
+        eng.sampler._step = seen  # type: ignore[method-assign]
         out = eng.sample(SampleBatch(requests=reqs, seed=1))
+        eng.sampler._step = step  # type: ignore[method-assign]
+        assert caches and set(caches) == {eng.bases["h"].cache_dtype}
         diffs = []
         for res in out.results:
             c = res.completions[0]

@@ -290,7 +290,7 @@ export interface components {
         BaseCreate: {
             /**
              * Dtype
-             * @description auto: bfloat16 on a GPU, and on a CPU only where it has native bf16 instructions (the avx512_bf16 or amx_bf16 flag), else float32; BaseInfo.dtype_reason says which applied. bfloat16 on a CPU: every pass runs under bf16 autocast, with linear weights stored bf16 and decode attention over an fp32 KV cache. LoRA weights and optimizer state stay fp32.
+             * @description auto: bfloat16 on a GPU, and on a CPU only where it has native bf16 instructions (the avx512_bf16 or amx_bf16 flag), else float32; BaseInfo.dtype_reason says which applied. bfloat16 on a CPU: every pass runs under bf16 autocast, with linear weights stored bf16 and decode attention in fp32 over a bf16 KV cache (fp32 where the engine's attention kernel cannot be built). LoRA weights and optimizer state stay fp32.
              * @default auto
              * @enum {string}
              */

@@ -20,7 +20,18 @@ namespace {
 // (as precision.py's MASKED: a row with no key to attend gets a uniform softmax, not NaN).
 constexpr float MASKED = -1e30f;
 
+// A cached key or value element as fp32: the cache holds fp32, or bf16 (a bf16 base's, half the bytes
+// to read), whose bits are the top half of an fp32's.
+inline float to_f(float x) { return x; }
+inline float to_f(at::BFloat16 x) { return static_cast<float>(x); }
+
 #ifdef MARFT_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // The sums of 8 vectors' lanes, as one vector: [sum(a0), ..., sum(a7)]. One reduction for 8 dot
 // products, where reducing each on its own costs as much as a third of its multiply-adds (D = 64).
 inline __m256 sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
@@ -31,13 +42,14 @@ inline __m256 sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m25
 
 // Scaled, masked scores of query qr [D] against keys l0 .. l0+7 (kr: key l0, rows kl apart), into
 // pr[l0 ..]; returns them. D a multiple of 8.
-inline __m256 scores8(const float* qr, const float* kr, int64_t kl, int64_t D, const bool* m, float s,
+template <typename KV>
+inline __m256 scores8(const float* qr, const KV* kr, int64_t kl, int64_t D, const bool* m, float s,
                       float* pr) {
   __m256 a[8];
   for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; d += 8) {
     const __m256 q = _mm256_loadu_ps(qr + d);
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(q, _mm256_loadu_ps(kr + i * kl + d), a[i]);
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(q, load8(kr + i * kl + d), a[i]);
   }
   const __m256 sc = _mm256_mul_ps(sums8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), _mm256_set1_ps(s));
   // the 8 mask bytes (0 or 1) widened to lanes: all ones where kept
@@ -51,20 +63,21 @@ inline __m256 scores8(const float* qr, const float* kr, int64_t kl, int64_t D, c
 // acc [D] = sum over l of p[l] v[l] (v: value 0, rows vl apart), D a multiple of 64: 64 columns at a
 // time, their sums in 8 named registers (with a run-time count of vectors, GCC kept them on the stack
 // and stored every one at every l: the values' loop ran at a third of its rate).
-inline void weighted64(const float* p, const float* v, int64_t vl, int64_t L, int64_t D, float* acc) {
+template <typename KV>
+inline void weighted64(const float* p, const KV* v, int64_t vl, int64_t L, int64_t D, float* acc) {
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (int64_t l = 0; l < L; ++l) {
       const __m256 w = _mm256_set1_ps(p[l]);
-      const float* vr = v + l * vl + d0;
-      a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr), a0);
-      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), a1);
-      a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), a2);
-      a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), a3);
-      a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 32), a4);
-      a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 40), a5);
-      a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 48), a6);
-      a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 56), a7);
+      const KV* vr = v + l * vl + d0;
+      a0 = _mm256_fmadd_ps(w, load8(vr), a0);
+      a1 = _mm256_fmadd_ps(w, load8(vr + 8), a1);
+      a2 = _mm256_fmadd_ps(w, load8(vr + 16), a2);
+      a3 = _mm256_fmadd_ps(w, load8(vr + 24), a3);
+      a4 = _mm256_fmadd_ps(w, load8(vr + 32), a4);
+      a5 = _mm256_fmadd_ps(w, load8(vr + 40), a5);
+      a6 = _mm256_fmadd_ps(w, load8(vr + 48), a6);
+      a7 = _mm256_fmadd_ps(w, load8(vr + 56), a7);
     }
     float* o = acc + d0;
     _mm256_storeu_ps(o, a0);
@@ -78,15 +91,20 @@ inline void weighted64(const float* p, const float* v, int64_t vl, int64_t L, in
   }
 }
 #endif
+
+template <typename KV>
+void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& keep,
+            double scale, torch::Tensor& out);
 }  // namespace
 
-// q [B, H, T, D] fp32, contiguous; k, v [B, Hk, L, D] fp32 with D contiguous (views of the slot
-// cache); keep [B, T, L] bool, contiguous (true: attend). Returns [B, T, H, D] fp32.
+// q [B, H, T, D] fp32, contiguous; k, v [B, Hk, L, D] fp32 or both bf16, with D contiguous (views of
+// the slot cache); keep [B, T, L] bool, contiguous (true: attend). Returns [B, T, H, D] fp32.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& keep, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && keep.dim() == 3, "decode_attention: ranks");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "decode_attention: fp32 q, k, v");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
+                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+              "decode_attention: fp32 q; fp32 or bf16 k and v");
   TORCH_CHECK(keep.scalar_type() == at::kBool && keep.is_contiguous() && q.is_contiguous(),
               "decode_attention: contiguous q and bool keep");
   TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k, v with contiguous rows");
@@ -95,12 +113,26 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   TORCH_CHECK(H % Hk == 0 && k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D,
               "decode_attention: shapes");
   TORCH_CHECK(keep.size(0) == B && keep.size(1) == T && keep.size(2) == L, "decode_attention: keep shape");
+  auto out = torch::empty({B, T, H, D}, q.options());
+  if (k.scalar_type() == at::kBFloat16) {
+    attend<at::BFloat16>(q, k, v, keep, scale, out);
+  } else {
+    attend<float>(q, k, v, keep, scale, out);
+  }
+  return out;
+}
+
+namespace {
+template <typename KV>
+void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& keep,
+            double scale, torch::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t Hk = k.size(1), L = k.size(2);
   const int64_t G = H / Hk;  // query heads per key/value head: heads h*G .. h*G+G-1 read head h
   const int64_t R = G * T;   // query rows per (row, key/value head)
-  auto out = torch::empty({B, T, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
+  const KV* kp = k.data_ptr<KV>();
+  const KV* vp = v.data_ptr<KV>();
   const bool* mp = keep.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
@@ -111,8 +143,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
     std::vector<float> p(R * L), acc(R * D), mx(R), sum(R);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t b = bh / Hk, h = bh % Hk;
-      const float* kb = kp + b * kb_ + h * kh_;
-      const float* vb = vp + b * vb_ + h * vh_;
+      const KV* kb = kp + b * kb_ + h * kh_;
+      const KV* vb = vp + b * vb_ + h * vh_;
       const bool* m = mp + b * T * L;
       std::fill(mx.begin(), mx.end(), MASKED);
       // The row's masked columns before its first kept one are neither read nor scored: in a batch
@@ -132,7 +164,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
         // 8 keys at a time, each block of keys scored against all R query rows while it is in L1
         std::vector<float> top(R * 8, MASKED);  // each query row's largest score, per lane
         for (; l_done + 8 <= L; l_done += 8) {
-          const float* kr = kb + l_done * kl_;
+          const KV* kr = kb + l_done * kl_;
           for (int64_t j = 0; j < G; ++j) {
             for (int64_t t = 0; t < T; ++t) {
               const int64_t r = j * T + t;
@@ -148,14 +180,14 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
       // scores (the keys the vector path left): each key is read once, for all R query rows of its
       // group; row r = j * T + t
       for (int64_t l = l_done; l < L; ++l) {
-        const float* kr = kb + l * kl_;
+        const KV* kr = kb + l * kl_;
         for (int64_t j = 0; j < G; ++j) {
           for (int64_t t = 0; t < T; ++t) {
             const int64_t r = j * T + t;
             const float* qr = qp + ((b * H + h * G + j) * T + t) * D;
             float a = 0.f;
 #pragma omp simd reduction(+ : a)
-            for (int64_t d = 0; d < D; ++d) a += qr[d] * kr[d];
+            for (int64_t d = 0; d < D; ++d) a += qr[d] * to_f(kr[d]);
             a = m[t * L + l] ? a * s : MASKED;  // a select, not a branch: masks have holes anywhere
             p[r * L + l] = a;
             mx[r] = std::max(mx[r], a);
@@ -185,12 +217,12 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
         // weighted values: each value is read once, for all R rows
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t l = first; l < L; ++l) {
-          const float* vr = vb + l * vl_;
+          const KV* vr = vb + l * vl_;
           for (int64_t r = 0; r < R; ++r) {
             const float w = p[r * L + l];
             float* ar = acc.data() + r * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ar[d] += w * vr[d];
+            for (int64_t d = 0; d < D; ++d) ar[d] += w * to_f(vr[d]);
           }
         }
       }
@@ -204,5 +236,5 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
       }
     }
   });
-  return out;
 }
+}  // namespace

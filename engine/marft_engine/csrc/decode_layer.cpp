@@ -4,7 +4,7 @@
 // (norms, rotary, LoRA masks, views), each dispatched on its own (docs/MEASUREMENTS.md). Here the
 // same steps run in order on the panel kernel's products, with each group of products that read the
 // same input (q, k, v and their LoRA As; gate and up and theirs) in one parallel region.
-// The residual stream, norms, LoRA and attention are fp32. The base weights' products are fp32, or,
+// The residual stream, norms, LoRA and attention are fp32 (the cache's keys and values fp32, or bf16). The base weights' products are fp32, or,
 // where the weights are pack_panels_bf16's (a bf16 base), bf16 products with fp32 sums.
 #include <ATen/Parallel.h>
 #include <pybind11/stl.h>
@@ -95,8 +95,9 @@ class DecodeLayer {
                 "DecodeLayer: cos and sin must be [M, D], contiguous");
     TORCH_CHECK(kbuf.dim() == 4 && kbuf.is_contiguous() && vbuf.is_contiguous() && kbuf.sizes() == vbuf.sizes() &&
                     kbuf.size(0) >= M && kbuf.size(1) == Hk && kbuf.size(3) == D && 0 <= start && start <= end &&
-                    end < kbuf.size(2) && kbuf.scalar_type() == torch::kFloat32,
-                "DecodeLayer: the cache must be fp32 [S >= M, Hk, C > end, D]");
+                    end < kbuf.size(2) && vbuf.scalar_type() == kbuf.scalar_type() &&
+                    (kbuf.scalar_type() == torch::kFloat32 || kbuf.scalar_type() == torch::kBFloat16),
+                "DecodeLayer: the cache must be fp32 or bf16 [S >= M, Hk, C > end, D]");
     for (const Proj& p : p_) {
       TORCH_CHECK(!p.lora() || p.slot.numel() == M, "DecodeLayer: LoRA slots for ", M, " rows");
     }
@@ -107,15 +108,10 @@ class DecodeLayer {
     project({0, 1, 2}, h, {&q, &k, &v});
     rotary(q, cos, sin, H);
     rotary(k, cos, sin, Hk);
-    const int64_t C = kbuf.size(2);
-    float* kb = kbuf.data_ptr<float>();
-    float* vb = vbuf.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t g = 0; g < Hk; ++g) {
-        const int64_t at = ((m * Hk + g) * C + end) * D;
-        std::copy_n(k.data_ptr<float>() + (m * Hk + g) * D, D, kb + at);
-        std::copy_n(v.data_ptr<float>() + (m * Hk + g) * D, D, vb + at);
-      }
+    if (kbuf.scalar_type() == torch::kBFloat16) {
+      to_cache<at::BFloat16>(k, v, kbuf, vbuf, end);
+    } else {
+      to_cache<float>(k, v, kbuf, vbuf, end);
     }
     const int64_t L = end + 1 - start;
     auto attn = decode_attention(q.view({M, H, 1, D}), kbuf.narrow(0, 0, M).narrow(2, start, L),
@@ -137,6 +133,27 @@ class DecodeLayer {
   void rms_norm(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) const {
     marft::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), x.size(0), d_,
                          static_cast<float>(eps_));
+  }
+
+  // The step's keys and values k, v [M, Hk * D] into column `end` of the slot cache's slots [0, M), in
+  // its dtype (bf16: rounded to nearest even, as PyTorch's copy into a bf16 cache rounds).
+  template <typename KV>
+  void to_cache(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kbuf, torch::Tensor& vbuf,
+                int64_t end) const {
+    const int64_t M = k.size(0), Hk = kbuf.size(1), C = kbuf.size(2), D = D_;
+    KV* kb = kbuf.data_ptr<KV>();
+    KV* vb = vbuf.data_ptr<KV>();
+    const float* kp = k.data_ptr<float>();
+    const float* vp = v.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t g = 0; g < Hk; ++g) {
+        const int64_t at = ((m * Hk + g) * C + end) * D, from = (m * Hk + g) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          kb[at + d] = static_cast<KV>(kp[from + d]);
+          vb[at + d] = static_cast<KV>(vp[from + d]);
+        }
+      }
+    }
   }
 
   // t [M, heads * D] rotated in place: t cos + rotate_half(t) sin per head, rotate_half(a, b) = (-b, a).
