@@ -186,8 +186,8 @@ class DecodeLayer {
       float* y;
       std::vector<int64_t> rows;
       int64_t lo;  // its block's first column in xa (the A panels from the one holding column s r)
-      torch::Tensor x, xa, yb;  // its rows of `in`, their A products, their B products
-      int64_t s;
+      float *x, *xa, *yb;  // its rows of `in`, their A products, their B products (in `scratch`)
+      int64_t s, width;
     };
     const int64_t M = in.size(0), K = in.size(1);
     const float* X = in.data_ptr<float>();
@@ -216,22 +216,33 @@ class DecodeLayer {
       if (!p.lora()) continue;
       const int64_t* slot = p.slot.data_ptr<int64_t>();
       for (int64_t s = 0; s < p.AN / p.r; ++s) {
-        Group g{&p, y, {}, 0, {}, {}, {}, s};
+        Group g{&p, y, {}, 0, nullptr, nullptr, nullptr, s, 0};
         for (int64_t m = 0; m < M; ++m)
           if (slot[m] == s) g.rows.push_back(m);
         if (!g.rows.empty()) groups.push_back(std::move(g));
       }
     }
+    // every group's rows, A products and B products in one buffer: one allocation, not three a group
+    int64_t floats = 0;
     for (Group& g : groups) {
       const Proj& p = *g.p;
-      const int64_t m = g.rows.size(), first = g.s * p.r / marft::NR, last = (g.s * p.r + p.r - 1) / marft::NR;
-      const int64_t width = std::min(p.AN, (last + 1) * marft::NR) - first * marft::NR;
+      const int64_t first = g.s * p.r / marft::NR, last = (g.s * p.r + p.r - 1) / marft::NR;
+      g.width = std::min(p.AN, (last + 1) * marft::NR) - first * marft::NR;
       g.lo = g.s * p.r - first * marft::NR;
-      g.x = torch::empty({m, K}, in.options());
-      for (int64_t i = 0; i < m; ++i) std::copy_n(X + g.rows[i] * K, K, g.x.data_ptr<float>() + i * K);
-      g.xa = torch::empty({m, width}, in.options());
-      jobs.push_back({m, g.x.data_ptr<float>(), K, K, p.a.data_ptr<float>() + first * K * marft::NR,
-                      K * marft::NR, width, g.xa.data_ptr<float>(), width, false});
+      floats += static_cast<int64_t>(g.rows.size()) * (K + g.width + p.N);
+    }
+    auto scratch = torch::empty({floats}, in.options());
+    float* at = scratch.data_ptr<float>();
+    for (Group& g : groups) {
+      const Proj& p = *g.p;
+      const int64_t m = g.rows.size(), first = g.s * p.r / marft::NR;
+      g.x = at;
+      g.xa = g.x + m * K;
+      g.yb = g.xa + m * g.width;
+      at = g.yb + m * p.N;
+      for (int64_t i = 0; i < m; ++i) std::copy_n(X + g.rows[i] * K, K, g.x + i * K);
+      jobs.push_back({m, g.x, K, K, p.a.data_ptr<float>() + first * K * marft::NR, K * marft::NR, g.width, g.xa,
+                      g.width, false});
     }
     marft::panel_jobs(jobs);
     jobs.clear();
@@ -247,15 +258,14 @@ class DecodeLayer {
     for (Group& g : groups) {  // the B product over the group's own r columns of A x
       const Proj& p = *g.p;
       const int64_t m = g.rows.size();
-      g.yb = torch::empty({m, p.N}, in.options());
-      jobs.push_back({m, g.xa.data_ptr<float>() + g.lo, g.xa.size(1), p.r, p.b.data_ptr<float>() + g.s * p.r * marft::NR,
-                      p.AN * marft::NR, p.N, g.yb.data_ptr<float>(), p.N, false});
+      jobs.push_back({m, g.xa + g.lo, g.width, p.r, p.b.data_ptr<float>() + g.s * p.r * marft::NR, p.AN * marft::NR,
+                      p.N, g.yb, p.N, false});
     }
     if (jobs.empty()) return;
     marft::panel_jobs(jobs);
     for (Group& g : groups) {
       const int64_t N = g.p->N;
-      const float* yb = g.yb.data_ptr<float>();
+      const float* yb = g.yb;
       for (size_t i = 0; i < g.rows.size(); ++i) {
         float* yr = g.y + g.rows[i] * N;
         for (int64_t c = 0; c < N; ++c) yr[c] += yb[i * N + c];

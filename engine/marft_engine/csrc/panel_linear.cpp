@@ -177,15 +177,14 @@ bool panels_bf16_available() {
 }
 
 void marft::to_bf16_pairs(const float* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out) {
+  // A row of pairs is the row's bf16 values in order (low half first), so one loop over k that the
+  // compiler vectorizes; an odd K's last high half is zero.
   const int64_t K2 = (K + 1) / 2;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
-    uint32_t* o = out + m * K2;
-    for (int64_t k = 0; k < K2; ++k) {
-      const uint32_t lo = c10::detail::round_to_nearest_even(xr[2 * k]);
-      const uint32_t hi = 2 * k + 1 < K ? c10::detail::round_to_nearest_even(xr[2 * k + 1]) : 0;
-      o[k] = lo | (hi << 16);
-    }
+    uint16_t* o = reinterpret_cast<uint16_t*>(out + m * K2);
+    for (int64_t k = 0; k < K; ++k) o[k] = c10::detail::round_to_nearest_even(xr[k]);
+    if (K % 2) o[K] = 0;
   }
 }
 
