@@ -3,7 +3,9 @@ decode step of the same calls, so each pair of adjacent steps (one each way) sha
 of the moment and nearly the same context (one column apart). On a shared machine, alternating whole
 calls or processes drifts more than the effect. Per dtype, rows over 4 LoRA adapters as a rollout
 decodes them, at each (batch, prompt length): the bench's short prompts (the speed bench's decode
-shape) and prompts of about 350 tokens (a 4-agent rollout's mean context).
+shape) and prompts of about 350 tokens (a 4-agent rollout's mean context). A bf16 base's cache is
+bf16 (the kernel's, precision.place): SDPA's side reads it in fp32, as it would an fp32 cache, after
+converting it on every step, which the kernel does not need.
 
     .venv/bin/python bench/attention_ab.py [--reps 3] [--dtypes float32,bfloat16] [--threads 2]
         [--shapes 32x1,20x18] [--tokens 64] [--source pkg:smollm2-135m-instruct] [--out F.json]
