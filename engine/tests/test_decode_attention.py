@@ -128,14 +128,36 @@ def test_sampling_with_the_kernel_equals_sampling_with_sdpa(
 ) -> None:
     """Greedy and seeded sampling, with and without drafts, over two adapters and the bare base, joins
     and leaves: the kernel's steps give the tokens SDPA's give, log-probs within the parity tolerance."""
+    kernel_against_sdpa(engine, monkeypatch)
+
+
+def test_a_bf16_cache_reads_the_same_through_the_kernel_and_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 base's slot cache is bf16 (precision.place). With the kernel switched off after the
+    base was made (bench/attention_ab.py does so), SDPA reads that cache in fp32: the same as above,
+    fp32 arithmetic over the same bf16 keys and values."""
+    e = Engine(device="cpu", max_batch=64)
+    try:
+        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
+        add_policy(e, "A", seed=1)
+        add_policy(e, "B", seed=2)
+        assert e.bases["b"].cache_dtype == torch.bfloat16
+        kernel_against_sdpa(e, monkeypatch)
+    finally:
+        e.close()
+
+
+def kernel_against_sdpa(e: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sample` (adapters A, B and the bare base) through the model's forward, with the kernel and
+    then with SDPA, greedy and seeded, with and without drafts: the same tokens, log-probs within
+    the parity tolerance."""
     calls = applied(monkeypatch, decode_attention, "attend")
     monkeypatch.setattr(fused_decode, "ENABLED", False)  # its steps call the kernel directly
     for draft, temperature in [(0, 0.0), (0, 1.0), (4, 0.0)]:
-        with_kernel = sample(engine, draft, temperature, seed=7)
+        with_kernel = sample(e, draft, temperature, seed=7)
         assert any(calls) and not all(calls)  # its decode steps took the kernel, the prefills SDPA
         calls.clear()
         monkeypatch.setattr(decode_attention, "ENABLED", False)
-        without = sample(engine, draft, temperature, seed=7)
+        without = sample(e, draft, temperature, seed=7)
         assert not any(calls)
         monkeypatch.setattr(decode_attention, "ENABLED", True)
         for x, y in zip(with_kernel, without, strict=True):
@@ -143,33 +165,3 @@ def test_sampling_with_the_kernel_equals_sampling_with_sdpa(
             torch.testing.assert_close(
                 torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=PARITY_TOL, rtol=0
             )
-
-
-def test_a_bf16_cache_reads_the_same_through_the_kernel_and_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bf16 base's slot cache is bf16 (precision.place). With the kernel switched off after the
-    base was made (bench/attention_ab.py does so), SDPA reads that cache in fp32: greedy and seeded
-    samples, with and without drafts, give the kernel's tokens, log-probs within the parity
-    tolerance (fp32 arithmetic over the same bf16 keys and values)."""
-    e = Engine(device="cpu", max_batch=64)
-    try:
-        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
-        add_policy(e, "A", seed=1)
-        add_policy(e, "B", seed=2)
-        assert e.bases["b"].cache_dtype == torch.bfloat16
-        calls = applied(monkeypatch, decode_attention, "attend")
-        monkeypatch.setattr(fused_decode, "ENABLED", False)  # both sides through the model's forward
-        for draft, temperature in [(0, 0.0), (0, 1.0), (4, 0.0)]:
-            with_kernel = sample(e, draft, temperature, seed=7)
-            assert any(calls)
-            calls.clear()
-            monkeypatch.setattr(decode_attention, "ENABLED", False)
-            without = sample(e, draft, temperature, seed=7)
-            assert not any(calls)
-            monkeypatch.setattr(decode_attention, "ENABLED", True)
-            for x, y in zip(with_kernel, without, strict=True):
-                assert x.response_ids == y.response_ids
-                torch.testing.assert_close(
-                    torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=PARITY_TOL, rtol=0
-                )
-    finally:
-        e.close()
