@@ -13,9 +13,10 @@ it anew in every LoRA layer of every decode step was a measurable share of the s
 A pass over real tokens only (a prefill, unpad.py) takes each run of one adapter's rows through its
 own block instead (`_add_runs`). Only inference in eval mode takes this path (dropout and LoRA
 variants fall back to PEFT). A training pass over several adapters' rows (training_batch.py) takes
-`_train_rows_forward`: each run of one adapter's rows through its own LoRA modules, with gradients. The stacks are rebuilt when `bump()` says
-weights may have changed (optimizer steps, loads, adapter creation and deletion). Every other pass
-(one adapter, with or without gradients) takes `_active_forward`: PEFT's forward with fewer copies.
+`_train_rows_forward`: each run of one adapter's rows through its own LoRA modules, with gradients.
+The stacks are rebuilt when `bump()` says weights may have changed (optimizer steps, loads, adapter
+creation and deletion). Every other pass (one adapter, with or without gradients) takes
+`_active_forward`: PEFT's forward with fewer copies.
 """
 
 from __future__ import annotations
@@ -173,13 +174,10 @@ def _add_runs(
     (n times the LoRA products, and a mask), then adds its own output of the layer's size; at a
     prefill's thousands of tokens that was most of what LoRA cost. The same sums, within the rounding
     of one add fewer (bf16: the B product's sum is rounded once, with the layer's output)."""
-    lay = unpad.layout()
-    assert lay is not None
     r = A.shape[0] // len(slot)
     y, x2 = result.view(-1, result.shape[-1]), x.view(-1, x.shape[-1])  # [N, d_out], [N, d_in]
     at = 0
-    for a, start, n in _runs():
-        size = sum(lay.lengths[start : start + n])
+    for (a, _, _), size in zip(_runs(), _run_sizes(), strict=True):
         j = slot.get(a)
         if j is not None:  # __base__ rows and adapters without a LoRA here add nothing
             xa = F.linear(x2[at : at + size], A[j * r : (j + 1) * r])  # [size, r]
@@ -325,6 +323,12 @@ def _runs() -> list[tuple[str, int, int]]:
     return _row_runs[1]
 
 
+def _run_sizes() -> list[int]:
+    """Each of `_runs`'s runs' rows, or in a pass over real tokens only (unpad.py) its rows' tokens."""
+    lay = unpad.layout()
+    return [n if lay is None else sum(lay.lengths[s : s + n]) for _, s, n in _runs()]
+
+
 def _train_rows_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object
 ) -> torch.Tensor:
@@ -336,11 +340,8 @@ def _train_rows_forward(
     for k in lora_layer.VARIANT_KWARG_KEYS:
         kwargs.pop(k, None)
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
-    runs = _runs()
-    # a run's rows, or in a pass over real tokens only (x [1, N, d_in], unpad.py) its rows' tokens
-    lay = unpad.layout()
-    dim = 0 if lay is None else 1
-    sizes = [n if lay is None else sum(lay.lengths[s : s + n]) for _, s, n in runs]
+    runs, sizes = _runs(), _run_sizes()
+    dim = 0 if unpad.layout() is None else 1  # x [1, N, d_in] in a pass over real tokens only
     parts: list[torch.Tensor] = []
     # split, not narrow: split's backward joins the pieces' gradients once, where each narrow's
     # backward writes its piece into a zero tensor the size of x

@@ -4,8 +4,9 @@
 // (norms, rotary, LoRA masks, views), each dispatched on its own (docs/MEASUREMENTS.md). Here the
 // same steps run in order on the panel kernel's products, with each group of products that read the
 // same input (q, k, v and their LoRA As; gate and up and theirs) in one parallel region.
-// The residual stream, norms, LoRA and attention are fp32 (the cache's keys and values fp32, or bf16). The base weights' products are fp32, or,
-// where the weights are pack_panels_bf16's (a bf16 base), bf16 products with fp32 sums.
+// The residual stream, norms, LoRA and attention are fp32 (the cache's keys and values fp32, or bf16).
+// The base weights' products are fp32, or, where the weights are pack_panels_bf16's (a bf16 base),
+// bf16 products with fp32 sums.
 #include <ATen/Parallel.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
@@ -185,9 +186,9 @@ class DecodeLayer {
       const Proj* p;
       float* y;
       std::vector<int64_t> rows;
-      int64_t lo;  // its block's first column in xa (the A panels from the one holding column s r)
+      int64_t lo;     // its block's first column in xa (the A panels from the one holding column s r)
       float *x, *xa, *yb;  // its rows of `in`, their A products, their B products (in `scratch`)
-      int64_t s, width;
+      int64_t s, first, width;  // its slot; the first A panel it reads, and the columns from there
     };
     const int64_t M = in.size(0), K = in.size(1);
     const float* X = in.data_ptr<float>();
@@ -216,7 +217,7 @@ class DecodeLayer {
       if (!p.lora()) continue;
       const int64_t* slot = p.slot.data_ptr<int64_t>();
       for (int64_t s = 0; s < p.AN / p.r; ++s) {
-        Group g{&p, y, {}, 0, nullptr, nullptr, nullptr, s, 0};
+        Group g{&p, y, {}, 0, nullptr, nullptr, nullptr, s, 0, 0};
         for (int64_t m = 0; m < M; ++m)
           if (slot[m] == s) g.rows.push_back(m);
         if (!g.rows.empty()) groups.push_back(std::move(g));
@@ -226,22 +227,23 @@ class DecodeLayer {
     int64_t floats = 0;
     for (Group& g : groups) {
       const Proj& p = *g.p;
-      const int64_t first = g.s * p.r / marft::NR, last = (g.s * p.r + p.r - 1) / marft::NR;
-      g.width = std::min(p.AN, (last + 1) * marft::NR) - first * marft::NR;
-      g.lo = g.s * p.r - first * marft::NR;
+      const int64_t last = (g.s * p.r + p.r - 1) / marft::NR;
+      g.first = g.s * p.r / marft::NR;
+      g.width = std::min(p.AN, (last + 1) * marft::NR) - g.first * marft::NR;
+      g.lo = g.s * p.r - g.first * marft::NR;
       floats += static_cast<int64_t>(g.rows.size()) * (K + g.width + p.N);
     }
     auto scratch = torch::empty({floats}, in.options());
     float* at = scratch.data_ptr<float>();
     for (Group& g : groups) {
       const Proj& p = *g.p;
-      const int64_t m = g.rows.size(), first = g.s * p.r / marft::NR;
+      const int64_t m = g.rows.size();
       g.x = at;
       g.xa = g.x + m * K;
       g.yb = g.xa + m * g.width;
       at = g.yb + m * p.N;
       for (int64_t i = 0; i < m; ++i) std::copy_n(X + g.rows[i] * K, K, g.x + i * K);
-      jobs.push_back({m, g.x, K, K, p.a.data_ptr<float>() + first * K * marft::NR, K * marft::NR, g.width, g.xa,
+      jobs.push_back({m, g.x, K, K, p.a.data_ptr<float>() + g.first * K * marft::NR, K * marft::NR, g.width, g.xa,
                       g.width, false});
     }
     marft::panel_jobs(jobs);
