@@ -334,7 +334,10 @@ describe("rollout against a real engine", () => {
     // leave it) nor this process beyond what the episodes themselves hold
     const second = await rollout({ ...opts, seed: 12 });
     expect(second.episodes).toHaveLength(256);
-    expect(second.stats.meanDecodeBatch).toBeGreaterThan(8); // they really ran concurrently
+    // they really ran concurrently: one at a time, the mean batch would be about 1. How far above
+    // it depends on how fast this process submits against how fast the engine steps: 11-12 alone,
+    // 7.9 once with the rest of the suite on the same 2 cores, so the bar is well below both.
+    expect(second.stats.meanDecodeBatch).toBeGreaterThan(4);
     expect((await rss()) - engineAfterOne).toBeLessThan(64 * 2 ** 20);
     expect(await rss()).toBeLessThan(2 ** 30);
     expect(process.memoryUsage().heapUsed - heapAfterOne).toBeLessThan(128 * 2 ** 20);
