@@ -33,6 +33,9 @@ from . import decode_attention, kernels, lora_batch, precision
 from .kv_cache import SlotLayer
 
 ENABLED = os.environ.get("MARFT_FUSED_DECODE", "1") != "0"  # the bench's A/B flips it in-process
+# the sampler's prefill passes the same way (`prefill`), up to PREFILL_MAX_TOKENS new tokens a pass
+PREFILL_ENABLED = os.environ.get("MARFT_FUSED_PREFILL", "1") != "0"
+PREFILL_MAX_TOKENS = 4096
 
 MODEL_TYPES = ("llama", "qwen2")  # decoder layers of exactly this shape (`_check_shape`)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -91,7 +94,73 @@ def logits(
     for layer, s in zip(layers, slots, strict=True):
         x = layer.forward(x, cos, sin, s.kbuf, s.vbuf, s.start, s.end, keep)
         s.view(s.n, s.start, s.end + 1)  # as SlotLayer.update leaves it
-    h = inner.norm(x)  # [B, d]
+    return _head(model, kind, inner.norm(x))
+
+
+def prefill(
+    model: PreTrainedModel,
+    adapters: list[str],
+    ids: list[list[int]],
+    starts: list[int],
+    past: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None:
+    """A sampler prefill pass of P prompts with one C++ call a layer: prompt i runs ids[i] (its tokens
+    after the first starts[i], which its cached prefix holds) through adapters[i]. past: the cached
+    prefixes' keys and values [layers, P, Hk, C, D] each, prompt i's right-aligned in its C columns
+    (None: no prompt has one). Returns the last token's logits [P, V] and each layer's keys and values
+    [P, Hk, C + S, D] (S: the most new tokens of a prompt), prompt i's new ones right-aligned, as the
+    sampler's padded pass leaves them; None where the fused pass does not apply (as for `logits`, and
+    at more than PREFILL_MAX_TOKENS new tokens, where the products run at full rate anyway)."""
+    lens = [len(t) for t in ids]
+    N, P = sum(lens), len(ids)
+    if not (
+        ENABLED
+        and PREFILL_ENABLED
+        and 0 < N <= PREFILL_MAX_TOKENS
+        and not torch.is_grad_enabled()
+        and (kind := _kind(model)) is not None
+        and torch.is_autocast_enabled("cpu") == (kind == "bf16")
+        and type(model.lm_head) is torch.nn.Linear
+        and type(model.model.embed_tokens) is torch.nn.Embedding
+        and model.device.type == "cpu"
+    ):
+        return None
+    layers = _layers(model, [a for a, n in zip(adapters, lens, strict=True) for _ in range(n)], "prefill")
+    if layers is None:
+        return None
+    inner = model.model
+    C = 0 if past is None else past[0].shape[3]
+    S = max(lens)
+    L = C + S
+    shape = (len(layers), P, model.config.num_key_value_heads, L, inner.layers[0].self_attn.head_dim)
+    kbuf = torch.zeros(shape, dtype=torch.bfloat16 if kind == "bf16" else torch.float32)
+    vbuf = torch.zeros_like(kbuf)
+    if past is not None:
+        kbuf[..., :C, :], vbuf[..., :C, :] = past
+    n = torch.tensor(lens)
+    row = torch.repeat_interleave(torch.arange(P), n)  # [N]: each token's prompt
+    col = torch.cat([torch.arange(L - m, L) for m in lens])  # [N]: its column in the cache
+    pos = torch.cat([torch.arange(c, c + m) for c, m in zip(starts, lens, strict=True)])  # [N]
+    # keep [P, 1, S, L]: a prompt's query at t (real from S - s on) attends its cached prefix's columns
+    # and its own new ones up to its own; a padding query only its own column (its output is unused)
+    t = torch.arange(S).view(1, S, 1)
+    j = torch.arange(L).view(1, 1, L)
+    c, s = torch.tensor(starts).view(P, 1, 1), n.view(P, 1, 1)
+    real = t >= S - s
+    keep = (real & (((j >= C - c) & (j < C)) | ((j >= L - s) & (j <= C + t)))) | (~real & (j == C + t))
+    keep = keep.view(P, 1, S, L).contiguous()
+    h = inner.embed_tokens(torch.tensor([i for ts in ids for i in ts]).view(1, N))  # [1, N, d]
+    cos, sin = inner.rotary_emb(h, pos.view(1, N))  # [1, N, D] each
+    cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+    x = h[0].float().contiguous()  # [N, d]
+    for layer, kb, vb in zip(layers, kbuf, vbuf, strict=True):
+        x = layer.prefill(x, cos, sin, kb, vb, row, col, keep)
+    last = torch.cumsum(n, 0) - 1  # [P]: each prompt's last token
+    return _head(model, kind, inner.norm(x[last])), list(zip(kbuf, vbuf, strict=True))
+
+
+def _head(model: PreTrainedModel, kind: str, h: torch.Tensor) -> torch.Tensor:
+    """The logits [B, V] of final-norm outputs h [B, d]."""
     if kind == "fp32":
         return model.lm_head(h).float()  # [B, V], on the head's panels
     head = model.lm_head
@@ -155,11 +224,13 @@ def _modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
-def _layers(model: PreTrainedModel, adapter_names: list[str]) -> list[object] | None:
+def _layers(model: PreTrainedModel, adapter_names: list[str], use: str = "decode") -> list[object] | None:
     """The kernel's layers for these rows' adapters, built once per set of rows and adapter weights
-    (kept on the model for the next steps of the same rows); None where a LoRA layer is not plain."""
+    (kept on the model for the next steps of the same rows, one set per use: a prefill between two
+    decode steps does not evict the decode's); None where a LoRA layer is not plain."""
     key = (tuple(adapter_names), lora_batch.epoch())
-    cached = getattr(model, "_marft_fused_layers", None)
+    attr = f"_marft_fused_{use}_layers"
+    cached = getattr(model, attr, None)
     if cached is not None and cached[0] == key:
         return cached[1]
     k = kernels.load()
@@ -186,7 +257,7 @@ def _layers(model: PreTrainedModel, adapter_names: list[str]) -> list[object] | 
                 attn.scaling,
             )
         )
-    model._marft_fused_layers = (key, layers)  # type: ignore[assignment]
+    setattr(model, attr, (key, layers))
     return layers
 
 

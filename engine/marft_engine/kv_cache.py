@@ -53,6 +53,7 @@ class SlotLayer(DynamicLayer):
 
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [B, H, L, D]
+Pair = tuple[torch.Tensor, torch.Tensor]  # (keys, values)
 Spans = list[tuple[int, int]]  # column ranges [lo, hi) of one prefilled row that hold its prompt, in order
 _uninitialised = torch.empty  # the slot cache's allocator (a test fills it with NaN instead)
 

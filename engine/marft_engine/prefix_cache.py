@@ -82,6 +82,23 @@ class Hit:
         return k, v
 
 
+def right_aligned(hits: list[Hit], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The hits' keys and values side by side for a prefill pass: [layers, P, H, C, D] each (C: the
+    longest hit), hit i's right-aligned in the C columns, zeros before it; None where none has a token."""
+    kvs = [hit.kv() if hit.tokens else None for hit in hits]  # [layers, H, c, D] each
+    C = max(hit.tokens for hit in hits)
+    if C == 0:
+        return None
+    like = next(k for k, _ in filter(None, kvs))
+    L, H, _, D = like.shape
+    k, v = (like.new_zeros((L, len(hits), H, C, D), device=device) for _ in range(2))
+    for i, x in enumerate(kvs):
+        if x is not None:
+            c = x[0].shape[2]
+            k[:, i, :, C - c :], v[:, i, :, C - c :] = x
+    return k, v
+
+
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of a and b."""
     n, m = 0, min(len(a), len(b))

@@ -33,8 +33,8 @@ from transformers import DynamicCache
 
 from . import fused_decode, lora_batch, unpad
 from .errors import BadRequest, Conflict
-from .kv_cache import KV, Running, Spans, layers_of
-from .prefix_cache import Hit, PrefixCache, shared_in_batch
+from .kv_cache import KV, Pair, Running, Spans, layers_of
+from .prefix_cache import Hit, PrefixCache, right_aligned, shared_in_batch
 from .registry import BASE_ADAPTER, Base, Registry, at_positions
 from .schemas import (
     Completion,
@@ -300,7 +300,6 @@ class Sampler:
         prefix of its adapter's (then only the rest is computed, after that prefix's keys and values).
         Returns the last position's logits [P, V], the pass's cache (per layer [P, H, C + S, D]) and
         the columns of each row that hold its prompt, in order; caches the prompts (PrefixCache.insert)."""
-        P = len(prompts)
         hits = [cache.lookup(self._cache_key(a), p, len(p) - 1) if cache else Hit() for a, p in prompts]
         if cache is not None and count:
             for hit in hits:
@@ -311,36 +310,11 @@ class Sampler:
         S = max(rest)
         self.prefill_tokens += sum(rest)
         self.prompt_tokens += sum(len(p) for _, p in prompts)
-        # Row i: cached prefix right-aligned in columns [C - c_i, C), its other tokens right-aligned
-        # in [C + S - s_i, C + S), padding (masked) before each. Without a hit C = 0: a plain prefill.
-        ids = torch.full((P, S), base.pad_id, dtype=torch.long)
-        mask = torch.zeros((P, C + S), dtype=torch.long)
-        pos = torch.zeros((P, S), dtype=torch.long)
-        for i, ((_, p), c, s) in enumerate(zip(prompts, cached, rest, strict=True)):
-            ids[i, S - s :] = torch.tensor(p[c:])
-            mask[i, C - c : C] = 1
-            mask[i, C + S - s :] = 1
-            pos[i, S - s :] = torch.arange(c, c + s)
-        dev = base.device
-        # over the real tokens only where it applies (unpad.py; PEFT's own per-row path takes rows)
-        real = unpad.prefill(base.hf, ids, mask, pos) if lora_batch.rows_supported(base.hf) else None
-        past = DynamicCache() if real is None else unpad.PaddingCache()
-        if C > 0:
-            kvs = [hit.kv() if hit.tokens else None for hit in hits]  # [layers, H, c, D] each
-            like = next(k for k, _ in filter(None, kvs))
-            L, H, _, D = like.shape
-            kp = torch.zeros((L, P, H, C, D), dtype=like.dtype, device=dev)  # [layers, P, H, C, D]
-            vp = torch.zeros((L, P, H, C, D), dtype=like.dtype, device=dev)
-            for i, (x, c) in enumerate(zip(kvs, cached, strict=True)):
-                if x is not None:
-                    kp[:, i, :, C - c : C], vp[:, i, :, C - c : C] = x
-            past = type(past)(ddp_cache_data=[(kp[li], vp[li]) for li in range(L)])
-        kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos} if real is None else real[1]
-        last = None if real is None else real[2]  # each row's last token among the real ones
-        with contextlib.nullcontext() if real is None else unpad.laid_out(real[0]):
-            kw = {k: v.to(dev) for k, v in kw.items()} | {"past_key_values": past, "use_cache": True}
-            logits = self._model_call(base, [a for a, _ in prompts], last, **kw)
-        kv = layers_of(past)
+        past = right_aligned(hits, base.device)  # [layers, P, H, C, D] each, or None
+        adapters, new = [a for a, _ in prompts], [p[c:] for (_, p), c in zip(prompts, cached, strict=True)]
+        with torch.no_grad(), base.autocast():  # one C++ call a layer where it applies (fused_decode.py)
+            fused = fused_decode.prefill(base.hf, adapters, new, cached, past)
+        logits, kv = fused or self._padded_prefill(base, adapters, new, cached, past)
         spans = [
             ([(C - c, C)] if c else []) + [(C + S - s, C + S)] for c, s in zip(cached, rest, strict=True)
         ]
@@ -351,6 +325,30 @@ class Sampler:
                 new_v = torch.stack([v[i, :, C + S - s :] for _, v in kv])
                 cache.insert(self._cache_key(a), p, hit, new_k, new_v)
         return logits, kv, spans
+
+    def _padded_prefill(
+        self, base: Base, adapters: list[str], new: list[list[int]], cached: list[int], past: Pair | None
+    ) -> tuple[torch.Tensor, KV]:
+        """`_prefill_prompts`' pass through Hugging Face's forward. Row i: its cached prefix right-aligned
+        in columns [C - c_i, C), its new tokens in [C + S - s_i, C + S), padding (masked) before each."""
+        P, C, S = len(new), max(cached), max(len(t) for t in new)
+        ids = torch.full((P, S), base.pad_id, dtype=torch.long)
+        mask = torch.zeros((P, C + S), dtype=torch.long)
+        pos = torch.zeros((P, S), dtype=torch.long)
+        for i, (t, c) in enumerate(zip(new, cached, strict=True)):
+            ids[i, S - len(t) :], pos[i, S - len(t) :] = torch.tensor(t), torch.arange(c, c + len(t))
+            mask[i, C - c : C] = mask[i, C + S - len(t) :] = 1
+        # over the real tokens only where it applies (unpad.py; PEFT's own per-row path takes rows)
+        real = unpad.prefill(base.hf, ids, mask, pos) if lora_batch.rows_supported(base.hf) else None
+        cache = DynamicCache() if real is None else unpad.PaddingCache()
+        if past is not None:
+            cache = type(cache)(ddp_cache_data=list(zip(past[0], past[1], strict=True)))
+        kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos} if real is None else real[1]
+        last = None if real is None else real[2]  # each row's last token among the real ones
+        with contextlib.nullcontext() if real is None else unpad.laid_out(real[0]):
+            kw = {k: v.to(base.device) for k, v in kw.items()} | {"past_key_values": cache, "use_cache": True}
+            logits = self._model_call(base, adapters, last, **kw)
+        return logits, layers_of(cache)
 
     def _step(self, base: Base) -> None:
         run = self.running.get(base.name)

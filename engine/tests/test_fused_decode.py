@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -35,6 +35,12 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return applied(monkeypatch, fused_decode, "logits")
 
 
+@pytest.fixture
+def prefilled(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each sampler prefill pass was fused."""
+    return applied(monkeypatch, fused_decode, "prefill")
+
+
 @contextlib.contextmanager
 def _engine_with(source: str, seed: int, adapter: str, targets: list[str]) -> Iterator[Engine]:
     """An engine on a tiny base with one random adapter of rank 2 on `targets`, closed after."""
@@ -51,17 +57,27 @@ def _engine_with(source: str, seed: int, adapter: str, targets: list[str]) -> It
 
 
 def _compare(
-    engine: Engine, calls: list[bool], monkeypatch: pytest.MonkeyPatch, draft: int, temperature: float
+    engine: Engine,
+    calls: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+    draft: int,
+    temperature: float,
+    before_each: Callable[[], None] = lambda: None,
 ) -> None:
+    prefills = applied(monkeypatch, fused_decode, "prefill")
+    before_each()
     fused = sample(engine, draft, temperature, seed=5)
     took, steps = sum(calls), len(calls)
+    assert prefills and all(prefills)  # every prefill pass fused too
     calls.clear()
+    prefills.clear()
     monkeypatch.setattr(fused_decode, "ENABLED", False)
+    before_each()
     plain = sample(engine, draft, temperature, seed=5)
     monkeypatch.setattr(fused_decode, "ENABLED", True)
-    assert not any(calls)
-    # the steps of one token a row, not the prefills (nor, with drafts, the steps that feed several)
-    assert 5 < took < steps
+    assert not any(calls) and not any(prefills)
+    # the steps of one token a row (with drafts, not the steps that feed several)
+    assert 5 < took <= steps and (draft == 0 or took < steps)
     for x, y in zip(fused, plain, strict=True):
         assert x.response_ids == y.response_ids
         torch.testing.assert_close(
@@ -77,6 +93,24 @@ def test_sampling_fused_equals_sampling_through_the_model(
     """Greedy and seeded, two adapters and the bare base in one batch, rows joining and leaving: the
     fused steps give the tokens Hugging Face's forward gives, log-probs within the parity tolerance."""
     _compare(engine, counted, monkeypatch, draft, temperature)
+
+
+@fp32_panels
+def test_prefills_after_cached_prefixes_equal_the_model_prefills(
+    counted: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the prefix cache: the second call's prompts start with the first's, so its fused prefills
+    run after cached columns of several lengths (and padding between them and the new tokens); each
+    run starts from an empty cache, and gives what the model's forward gives."""
+    e = Engine(device="cpu", max_batch=64)
+    try:
+        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32", prefix_cache_mb=4))
+        add_policy(e, "A", seed=1)
+        add_policy(e, "B", seed=2)
+        _compare(e, counted, monkeypatch, 0, 1.0, before_each=e.sampler.prefix.clear)
+        assert e.stats({}).prefix_cache.hit_tokens > 0
+    finally:
+        e.close()
 
 
 @fp32_panels
@@ -159,15 +193,18 @@ def test_sdpa_asked_for_takes_the_model_forward(
 
 @bf16_panels
 def test_bf16_fused_steps_are_as_close_to_fp32_as_the_model_step(
-    counted: list[bool], monkeypatch: pytest.MonkeyPatch
+    counted: list[bool], prefilled: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A bf16 base (bf16 panels): the fused steps' log-probs are within bf16 rounding of an fp32 pass
+    """A bf16 base (bf16 panels): the fused prefills' and steps' log-probs are within bf16 rounding of an fp32 pass
     over the same bf16 weights, and closer to it than the model's own bf16 step (whose products round
     their outputs to bf16), for greedy and seeded sampling, two adapters and the bare base, rows
     joining and leaving."""
     e16, e32 = Engine(device="cpu", max_batch=64), Engine(device="cpu", max_batch=64)
     try:
-        e16.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
+        # with the prefix cache: the second call's prefills run after cached columns
+        e16.create_base(
+            BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16", prefix_cache_mb=4)
+        )
         with monkeypatch.context() as m:  # no packed copies: the weights are rounded to bf16 below
             m.setattr(precision, "pack_weight", lambda w, bias=None: None)
             e32.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
@@ -184,19 +221,24 @@ def test_bf16_fused_steps_are_as_close_to_fp32_as_the_model_step(
                     q.copy_(p)
         lora_batch.bump()
         for temperature in (0.0, 1.0):
+            e16.sampler.prefix.clear()
             fused = sample(e16, 0, temperature, seed=5)
-            assert 5 < sum(counted) < len(counted)  # the decode steps, not the prefills
+            assert 5 < sum(counted) and prefilled and all(prefilled)
             counted.clear()
+            prefilled.clear()
             monkeypatch.setattr(fused_decode, "ENABLED", False)
+            e16.sampler.prefix.clear()
             plain = sample(e16, 0, temperature, seed=5)
             monkeypatch.setattr(fused_decode, "ENABLED", True)
-            assert not any(counted)
+            assert not any(counted) and not any(prefilled)
             counted.clear()
+            prefilled.clear()
             gaps = {}
             for side, out in (("fused", fused), ("model", plain)):
                 gaps[side] = _gaps_to_fp32(e32, out, temperature)
             assert statistics.mean(gaps["fused"]) < 0.01 and max(gaps["fused"]) < 0.2, gaps["fused"]
             assert statistics.mean(gaps["fused"]) < statistics.mean(gaps["model"]), gaps
+        assert e16.stats({}).prefix_cache.hit_tokens > 0
     finally:
         e16.close()
         e32.close()
@@ -218,3 +260,58 @@ def _gaps_to_fp32(e32: Engine, out: list[Completion], temperature: float) -> lis
         ref = e32.forward(req).results[0].logprobs[len(prompt) :]
         gaps += [abs(a - b) for a, b in zip(c.logprobs, ref, strict=True)]
     return gaps
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_prefill_after_cached_columns_equals_each_prompt_alone(dtype: str) -> None:
+    """`fused_decode.prefill` over four prompts side by side (two adapters and the bare base), three of
+    them after cached prefixes of different lengths: so padding before a short prompt's columns and
+    between a prefix and its new tokens. Each prompt gets the logits and new keys and values of its own
+    prefill alone from its first token, whose keys and values the cached columns hold: the layout, the
+    masks and the cached columns are right to within the order of fp32 sums (bf16 keys and values:
+    within a rounding)."""
+    if not (precision.panels_apply() if dtype == "float32" else precision.bf16_panels_apply()):
+        pytest.skip(f"no {dtype} panels on this CPU")
+    e = Engine(device="cpu", max_batch=64)
+    try:
+        e.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype=dtype))
+        for name, seed in (("A", 1), ("B", 2)):
+            add_policy(e, name, seed=seed)
+            perturb(e, name, seed + 10)
+        base = e.bases["b"]
+        adapters = ["A", "B", "__base__", "A"]
+        prompts = [list(range(3, 40)), list(range(50, 62)), list(range(70, 101)), list(range(9, 30))]
+        starts = [20, 0, 7, 16]  # tokens each has cached
+        with torch.no_grad(), base.autocast():
+            alone = []  # each prompt's prefill alone: logits [1, V], keys and values [1, Hk, len, D]
+            for a, p in zip(adapters, prompts, strict=True):
+                one = fused_decode.prefill(base.hf, [a], [p], [0], None)
+                assert one is not None
+                alone.append(one)
+            k0 = alone[0][1][0][0]
+            C = max(starts)
+            # the cached prefixes, right-aligned: [layers, 4, Hk, C, D] each
+            shape = (len(alone[0][1]), 4, k0.shape[1], C, k0.shape[3])
+            past = (k0.new_zeros(shape), k0.new_zeros(shape))
+            for i, c in enumerate(starts):
+                for li, (k, v) in enumerate(alone[i][1]):
+                    past[0][li, i, :, C - c :], past[1][li, i, :, C - c :] = k[0, :, :c], v[0, :, :c]
+            new = [p[c:] for p, c in zip(prompts, starts, strict=True)]
+            out = fused_decode.prefill(base.hf, adapters, new, starts, past)
+        assert out is not None
+        logits, kv = out
+        L = kv[0][0].shape[2]
+        assert L == C + max(len(t) for t in new)
+        tol = 1e-4 if dtype == "float32" else 1e-2
+
+        def close(x: torch.Tensor, y: torch.Tensor) -> None:
+            torch.testing.assert_close(x.float(), y.float(), atol=tol, rtol=tol)
+
+        for i, (t, c) in enumerate(zip(new, starts, strict=True)):
+            close(logits[i], alone[i][0][0])
+            for (k, v), (k1, v1) in zip(kv, alone[i][1], strict=True):
+                close(k[i, :, L - len(t) :], k1[0, :, c:])
+                close(v[i, :, L - len(t) :], v1[0, :, c:])
+                assert torch.equal(k[i, :, C - c : C], k1[0, :, :c])  # the cached columns, as given
+    finally:
+        e.close()

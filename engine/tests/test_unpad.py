@@ -13,7 +13,7 @@ from helpers import PARITY_TOL, TARGETS, add_policy, perturb, ppo_data, seqs
 from test_speculative import sample
 from transformers import AutoConfig
 
-from marft_engine import lora_batch, unpad
+from marft_engine import fused_decode, lora_batch, unpad
 from marft_engine.engine import Engine
 from marft_engine.schemas import (
     AdapterCreate,
@@ -129,7 +129,9 @@ def test_a_mixed_prefill_takes_each_adapters_lora_over_its_own_rows(
     two projections only. The prefill puts each adapter's rows side by side and takes each run through
     its own LoRA block only (lora_batch._add_runs), one run per adapter; every row gets forward's
     log-probs for its own adapter, prompt and tokens (a row through another row's block, or a row's
-    result returned to another request, is off by the adapters' difference)."""
+    result returned to another request, is off by the adapters' difference). The padded pass through
+    Hugging Face's forward, which a prefill takes where the fused one (fused_decode.prefill) does not."""
+    monkeypatch.setattr(fused_decode, "PREFILL_ENABLED", False)
     eng.create_adapter(
         AdapterCreate(
             name="D", base="b", lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]), seed=4
@@ -220,7 +222,9 @@ def test_a_prefill_over_real_tokens_samples_what_a_padded_one_does(
 ) -> None:
     """Prompts of several lengths over two adapters and the bare base, greedy and seeded, with and
     without drafts, joins and leaves; with the prefix cache, prefills after cached columns too. The
-    same tokens, log-probs within the parity tolerance, and the prefills took real tokens only."""
+    same tokens, log-probs within the parity tolerance, and the prefills took real tokens only. The
+    padded pass, which a prefill takes where the fused one (fused_decode.prefill) does not."""
+    monkeypatch.setattr(fused_decode, "PREFILL_ENABLED", False)
     e = Engine(device="cpu", max_batch=64)
     try:
         e.create_base(

@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -88,38 +89,102 @@ class DecodeLayer {
   // Returns the layer's output [M, d].
   torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kbuf,
                         torch::Tensor vbuf, int64_t start, int64_t end, torch::Tensor keep) const {
+    const int64_t M = check_rows(x, cos, sin, kbuf, vbuf);
+    TORCH_CHECK(kbuf.size(0) >= M && 0 <= start && start <= end && end < kbuf.size(2),
+                "DecodeLayer: the cache must be [S >= M, Hk, C > end, D]");
+    const int64_t D = D_, H = p_[0].N / D;
+    torch::Tensor q, k, v;
+    qkv(x, cos, sin, q, k, v);
+    std::vector<int64_t> rows(M), cols(M, end);
+    for (int64_t m = 0; m < M; ++m) rows[m] = m;
+    to_cache(k, v, kbuf, vbuf, rows.data(), cols.data());
+    const int64_t L = end + 1 - start;
+    auto attn = decode_attention(q.view({M, H, 1, D}), kbuf.narrow(0, 0, M).narrow(2, start, L),
+                                 vbuf.narrow(0, 0, M).narrow(2, start, L), keep.view({M, 1, L}), scale_);
+    return rest(x, attn.view({M, H * D}));
+  }
+
+  // A prefill's new tokens (fused_decode.prefill): x [N, d] their residual stream, cos, sin [N, D] the
+  // rotary embedding of their positions; kbuf, vbuf [P, Hk, L, D] the pass's cache, with the prompts'
+  // cached prefixes in place. Token n is prompt row[n]'s, at column col[n] in [L - S, L): its key and
+  // value go there, and its query to position col[n] - (L - S) of the prompts' [P, S] queries, which
+  // attend the columns keep [P, 1, S, L] marks (a causal mask over each prompt's columns).
+  // Returns the layer's output [N, d].
+  torch::Tensor prefill(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kbuf,
+                        torch::Tensor vbuf, torch::Tensor row, torch::Tensor col, torch::Tensor keep) const {
+    const int64_t N = check_rows(x, cos, sin, kbuf, vbuf);
+    const int64_t P = kbuf.size(0), L = kbuf.size(2), S = keep.size(2), D = D_, H = p_[0].N / D;
+    TORCH_CHECK(row.scalar_type() == torch::kInt64 && col.scalar_type() == torch::kInt64 && row.is_contiguous() &&
+                    col.is_contiguous() && row.numel() == N && col.numel() == N,
+                "DecodeLayer.prefill: row and col must be [N] int64");
+    TORCH_CHECK(keep.scalar_type() == torch::kBool && keep.sizes() == torch::IntArrayRef({P, 1, S, L}) && S <= L,
+                "DecodeLayer.prefill: keep must be [P, 1, S <= L, L] bool");
+    const int64_t* rp = row.data_ptr<int64_t>();
+    const int64_t* cp = col.data_ptr<int64_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      TORCH_CHECK(0 <= rp[n] && rp[n] < P && L - S <= cp[n] && cp[n] < L, "DecodeLayer.prefill: token ", n,
+                  " at row ", rp[n], ", column ", cp[n], ", outside the cache");
+    }
+    torch::Tensor q, k, v;
+    qkv(x, cos, sin, q, k, v);
+    to_cache(k, v, kbuf, vbuf, rp, cp);
+    // The queries padded to [P, S, H, D] for PyTorch's attention (its flash kernel on a CPU), in the
+    // cache's dtype; a padding position's output is never read.
+    auto qp = torch::zeros({P, S, H * D}, x.options());
+    float* qd = qp.data_ptr<float>();
+    const float* qs = q.data_ptr<float>();
+    for (int64_t n = 0; n < N; ++n) std::copy_n(qs + n * H * D, H * D, qd + (rp[n] * S + cp[n] - (L - S)) * H * D);
+    auto qh = qp.view({P, S, H, D}).transpose(1, 2).to(kbuf.scalar_type());  // [P, H, S, D]
+    auto a = at::scaled_dot_product_attention(qh, kbuf, vbuf, keep, 0.0, false, scale_, true);  // [P, H, S, D]
+    auto ap = a.transpose(1, 2).to(torch::kFloat32).contiguous();                          // [P, S, H, D]
+    auto attn = torch::empty({N, H * D}, x.options());
+    const float* as = ap.data_ptr<float>();
+    float* ad = attn.data_ptr<float>();
+    for (int64_t n = 0; n < N; ++n) std::copy_n(as + (rp[n] * S + cp[n] - (L - S)) * H * D, H * D, ad + n * H * D);
+    return rest(x, attn);
+  }
+
+ private:
+  // Checks what forward and prefill share; returns the rows M of x.
+  int64_t check_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                     const torch::Tensor& kbuf, const torch::Tensor& vbuf) const {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == d_ && x.is_contiguous() && x.scalar_type() == torch::kFloat32,
                 "DecodeLayer: x must be [M, d] fp32, contiguous");
-    const int64_t M = x.size(0), D = D_, H = p_[0].N / D, Hk = p_[1].N / D;
+    const int64_t M = x.size(0), D = D_, Hk = p_[1].N / D;
     TORCH_CHECK(cos.sizes() == torch::IntArrayRef({M, D}) && sin.sizes() == cos.sizes() && cos.is_contiguous() &&
                     sin.is_contiguous(),
                 "DecodeLayer: cos and sin must be [M, D], contiguous");
     TORCH_CHECK(kbuf.dim() == 4 && kbuf.is_contiguous() && vbuf.is_contiguous() && kbuf.sizes() == vbuf.sizes() &&
-                    kbuf.size(0) >= M && kbuf.size(1) == Hk && kbuf.size(3) == D && 0 <= start && start <= end &&
-                    end < kbuf.size(2) && vbuf.scalar_type() == kbuf.scalar_type() &&
+                    kbuf.size(1) == Hk && kbuf.size(3) == D && vbuf.scalar_type() == kbuf.scalar_type() &&
                     (kbuf.scalar_type() == torch::kFloat32 || kbuf.scalar_type() == torch::kBFloat16),
-                "DecodeLayer: the cache must be fp32 or bf16 [S >= M, Hk, C > end, D]");
+                "DecodeLayer: the cache must be fp32 or bf16 [rows, Hk, columns, D], contiguous");
     for (const Proj& p : p_) {
       TORCH_CHECK(!p.lora() || p.slot.numel() == M, "DecodeLayer: LoRA slots for ", M, " rows");
     }
+    return M;
+  }
+
+  // The attention's input: q, k [M, heads * D] rotated, v [M, Hk * D], from the residual stream x.
+  void qkv(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q,
+           torch::Tensor& k, torch::Tensor& v) const {
+    const int64_t M = x.size(0);
     auto opt = x.options();
     auto h = torch::empty({M, d_}, opt);
     rms_norm(x, ln1_, h);
-    auto q = torch::empty({M, p_[0].N}, opt), k = torch::empty({M, p_[1].N}, opt), v = torch::empty({M, p_[2].N}, opt);
+    q = torch::empty({M, p_[0].N}, opt), k = torch::empty({M, p_[1].N}, opt), v = torch::empty({M, p_[2].N}, opt);
     project({0, 1, 2}, h, {&q, &k, &v});
-    rotary(q, cos, sin, H);
-    rotary(k, cos, sin, Hk);
-    if (kbuf.scalar_type() == torch::kBFloat16) {
-      to_cache<at::BFloat16>(k, v, kbuf, vbuf, end);
-    } else {
-      to_cache<float>(k, v, kbuf, vbuf, end);
-    }
-    const int64_t L = end + 1 - start;
-    auto attn = decode_attention(q.view({M, H, 1, D}), kbuf.narrow(0, 0, M).narrow(2, start, L),
-                                 vbuf.narrow(0, 0, M).narrow(2, start, L), keep.view({M, 1, L}), scale_);
+    rotary(q, cos, sin, p_[0].N / D_);
+    rotary(k, cos, sin, p_[1].N / D_);
+  }
+
+  // The layer after attention: x + o(attn), then its MLP and residual.
+  torch::Tensor rest(const torch::Tensor& x, const torch::Tensor& attn) const {
+    const int64_t M = x.size(0);
+    auto opt = x.options();
     auto o = torch::empty({M, d_}, opt);
-    project({3}, attn.view({M, H * D}), {&o});
+    project({3}, attn, {&o});
     auto x1 = x + o;  // the residual first, as Hugging Face adds it
+    auto h = torch::empty({M, d_}, opt);
     rms_norm(x1, ln2_, h);
     auto gate = torch::empty({M, p_[4].N}, opt), up = torch::empty({M, p_[4].N}, opt);
     project({4, 5}, h, {&gate, &up});
@@ -129,18 +194,27 @@ class DecodeLayer {
     return x1 + down;
   }
 
- private:
+  // Keys and values k, v [M, Hk * D] into the cache: row m's to column cols[m] of slot rows[m], in the
+  // cache's dtype.
+  void to_cache(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kbuf, torch::Tensor& vbuf,
+                const int64_t* rows, const int64_t* cols) const {
+    if (kbuf.scalar_type() == torch::kBFloat16) {
+      to_cache_as<at::BFloat16>(k, v, kbuf, vbuf, rows, cols);
+    } else {
+      to_cache_as<float>(k, v, kbuf, vbuf, rows, cols);
+    }
+  }
+
   // y [M, d] = x / rms(x) * w (Hugging Face's LlamaRMSNorm in fp32).
   void rms_norm(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) const {
     marft::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), x.size(0), d_,
                          static_cast<float>(eps_));
   }
 
-  // The step's keys and values k, v [M, Hk * D] into column `end` of the slot cache's slots [0, M), in
-  // its dtype (bf16: rounded to nearest even, as PyTorch's copy into a bf16 cache rounds).
+  // (bf16: rounded to nearest even, as PyTorch's copy into a bf16 cache rounds)
   template <typename KV>
-  void to_cache(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kbuf, torch::Tensor& vbuf,
-                int64_t end) const {
+  void to_cache_as(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kbuf, torch::Tensor& vbuf,
+                const int64_t* rows, const int64_t* cols) const {
     const int64_t M = k.size(0), Hk = kbuf.size(1), C = kbuf.size(2), D = D_;
     KV* kb = kbuf.data_ptr<KV>();
     KV* vb = vbuf.data_ptr<KV>();
@@ -148,7 +222,7 @@ class DecodeLayer {
     const float* vp = v.data_ptr<float>();
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t g = 0; g < Hk; ++g) {
-        const int64_t at = ((m * Hk + g) * C + end) * D, from = (m * Hk + g) * D;
+        const int64_t at = ((rows[m] * Hk + g) * C + cols[m]) * D, from = (m * Hk + g) * D;
         for (int64_t d = 0; d < D; ++d) {
           kb[at + d] = static_cast<KV>(kp[from + d]);
           vb[at + d] = static_cast<KV>(vp[from + d]);
@@ -288,5 +362,6 @@ void bind_decode_layer(pybind11::module& m) {
                           int64_t, torch::Tensor>());
   pybind11::class_<DecodeLayer>(m, "DecodeLayer", "one Llama-shaped decoder layer for a CPU decode step")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<Proj>, int64_t, double>())
-      .def("forward", &DecodeLayer::forward);
+      .def("forward", &DecodeLayer::forward)
+      .def("prefill", &DecodeLayer::prefill);
 }
