@@ -28,6 +28,15 @@ const float* ptr_or_null(const torch::Tensor& t) { return t.numel() ? t.data_ptr
 
 bool is_bf16_panels(const torch::Tensor& p) { return p.scalar_type() == torch::kInt32; }
 
+// f(m) for the rows m in [0, M), over torch's threads where there are many (a prefill's tokens);
+// a decode step's few rows run on the calling thread.
+template <typename F>
+void rows_parallel(int64_t M, const F& f) {
+  at::parallel_for(0, M, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) f(m);
+  });
+}
+
 void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what) {
   if (is_bf16_panels(p)) {
     TORCH_CHECK(p.dim() == 3 && p.is_contiguous() && p.size(1) == (K + 1) / 2 && p.size(2) == marft::NRB &&
@@ -69,6 +78,8 @@ struct Proj {
 };
 
 class DecodeLayer {
+  static constexpr int64_t QUERY_BLOCK = 64;  // a prefill's query positions an attention call
+
  public:
   // ln1, ln2 [d]: the RMS norms before attention and before the MLP; projections q, k, v, o, gate, up,
   // down; D the head size, scale the attention's.
@@ -133,14 +144,23 @@ class DecodeLayer {
     auto qp = torch::zeros({P, S, H * D}, x.options());
     float* qd = qp.data_ptr<float>();
     const float* qs = q.data_ptr<float>();
-    for (int64_t n = 0; n < N; ++n) std::copy_n(qs + n * H * D, H * D, qd + (rp[n] * S + cp[n] - (L - S)) * H * D);
+    rows_parallel(N, [&](int64_t n) { std::copy_n(qs + n * H * D, H * D, qd + (rp[n] * S + cp[n] - (L - S)) * H * D); });
     auto qh = qp.view({P, S, H, D}).transpose(1, 2).to(kbuf.scalar_type());  // [P, H, S, D]
-    auto a = at::scaled_dot_product_attention(qh, kbuf, vbuf, keep, 0.0, false, scale_, true);  // [P, H, S, D]
+    // In blocks of query positions, each over the columns up to its last one's: the causal mask leaves
+    // the later columns out of every query of the block, which the kernel would otherwise score.
+    std::vector<torch::Tensor> parts;
+    for (int64_t t0 = 0; t0 < S; t0 += QUERY_BLOCK) {
+      const int64_t T = std::min(QUERY_BLOCK, S - t0), Lb = L - S + t0 + T;
+      parts.push_back(at::scaled_dot_product_attention(qh.narrow(2, t0, T), kbuf.narrow(2, 0, Lb),
+                                                       vbuf.narrow(2, 0, Lb), keep.narrow(2, t0, T).narrow(3, 0, Lb),
+                                                       0.0, false, scale_, true));
+    }
+    auto a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [P, H, S, D]
     auto ap = a.transpose(1, 2).to(torch::kFloat32).contiguous();                          // [P, S, H, D]
     auto attn = torch::empty({N, H * D}, x.options());
     const float* as = ap.data_ptr<float>();
     float* ad = attn.data_ptr<float>();
-    for (int64_t n = 0; n < N; ++n) std::copy_n(as + (rp[n] * S + cp[n] - (L - S)) * H * D, H * D, ad + n * H * D);
+    rows_parallel(N, [&](int64_t n) { std::copy_n(as + (rp[n] * S + cp[n] - (L - S)) * H * D, H * D, ad + n * H * D); });
     return rest(x, attn);
   }
 
@@ -220,7 +240,7 @@ class DecodeLayer {
     KV* vb = vbuf.data_ptr<KV>();
     const float* kp = k.data_ptr<float>();
     const float* vp = v.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m) {
+    rows_parallel(M, [&](int64_t m) {
       for (int64_t g = 0; g < Hk; ++g) {
         const int64_t at = ((rows[m] * Hk + g) * C + cols[m]) * D, from = (m * Hk + g) * D;
         for (int64_t d = 0; d < D; ++d) {
@@ -228,7 +248,7 @@ class DecodeLayer {
           vb[at + d] = static_cast<KV>(vp[from + d]);
         }
       }
-    }
+    });
   }
 
   // t [M, heads * D] rotated in place: t cos + rotate_half(t) sin per head, rotate_half(a, b) = (-b, a).
@@ -237,7 +257,7 @@ class DecodeLayer {
     float* tp = t.data_ptr<float>();
     const float* c = cos.data_ptr<float>();
     const float* s = sin.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m) {
+    rows_parallel(M, [&](int64_t m) {
       for (int64_t hd = 0; hd < heads; ++hd) {
         float* a = tp + (m * heads + hd) * D;
         const float* cm = c + m * D;
@@ -248,20 +268,23 @@ class DecodeLayer {
           a[i + half] = x2 * cm[i + half] + x1 * sm[i + half];
         }
       }
-    }
+    });
   }
 
   // out[j] = in W_j^T + bias_j + LoRA_j for the projections `which`, which all read `in` [M, K]. The
   // base products and the LoRA As in one parallel region, then the Bs in another. Each adapter's rows
-  // go through its own block of A and B only (gathered, then added back), not through every adapter's
-  // with the others' outputs zeroed: the same sums, as the zeros add nothing, for 1 / n of the work.
+  // go through its own block of A and B only (gathered, then added back; consecutive rows, as a
+  // prefill's, read and added in place), not through every adapter's with the others' outputs
+  // zeroed: the same sums, as the zeros add nothing, for 1 / n of the work.
   void project(std::initializer_list<int> which, const torch::Tensor& in, std::vector<torch::Tensor*> out) const {
     struct Group {  // one adapter's rows of one projection
       const Proj* p;
       float* y;
       std::vector<int64_t> rows;
       int64_t lo;     // its block's first column in xa (the A panels from the one holding column s r)
-      float *x, *xa, *yb;  // its rows of `in`, their A products, their B products (in `scratch`)
+      const float* x;  // its rows of `in` (in `scratch`, or in place)
+      float *xa, *yb;  // their A products, their B products (in `scratch`)
+      bool run;            // its rows are consecutive (a prefill's, ordered by adapter): read and added in place
       int64_t s, first, width;  // its slot; the first A panel it reads, and the columns from there
     };
     const int64_t M = in.size(0), K = in.size(1);
@@ -291,7 +314,7 @@ class DecodeLayer {
       if (!p.lora()) continue;
       const int64_t* slot = p.slot.data_ptr<int64_t>();
       for (int64_t s = 0; s < p.AN / p.r; ++s) {
-        Group g{&p, y, {}, 0, nullptr, nullptr, nullptr, s, 0, 0};
+        Group g{&p, y, {}, 0, nullptr, nullptr, nullptr, false, s, 0, 0};
         for (int64_t m = 0; m < M; ++m)
           if (slot[m] == s) g.rows.push_back(m);
         if (!g.rows.empty()) groups.push_back(std::move(g));
@@ -305,18 +328,26 @@ class DecodeLayer {
       g.first = g.s * p.r / marft::NR;
       g.width = std::min(p.AN, (last + 1) * marft::NR) - g.first * marft::NR;
       g.lo = g.s * p.r - g.first * marft::NR;
-      floats += static_cast<int64_t>(g.rows.size()) * (K + g.width + p.N);
+      g.run = g.rows.back() - g.rows.front() + 1 == static_cast<int64_t>(g.rows.size());
+      floats += static_cast<int64_t>(g.rows.size()) * (g.run ? g.width : K + g.width + p.N);
     }
     auto scratch = torch::empty({floats}, in.options());
     float* at = scratch.data_ptr<float>();
     for (Group& g : groups) {
       const Proj& p = *g.p;
       const int64_t m = g.rows.size();
-      g.x = at;
-      g.xa = g.x + m * K;
-      g.yb = g.xa + m * g.width;
-      at = g.yb + m * p.N;
-      for (int64_t i = 0; i < m; ++i) std::copy_n(X + g.rows[i] * K, K, g.x + i * K);
+      if (g.run) {  // its rows of `in` in place; its B products added to y in place
+        g.x = X + g.rows.front() * K;
+        g.xa = at;
+        at = g.xa + m * g.width;
+      } else {
+        float* x = at;
+        g.x = x;
+        g.xa = x + m * K;
+        g.yb = g.xa + m * g.width;
+        at = g.yb + m * p.N;
+        for (int64_t i = 0; i < m; ++i) std::copy_n(X + g.rows[i] * K, K, x + i * K);
+      }
       jobs.push_back({m, g.x, K, K, p.a.data_ptr<float>() + g.first * K * marft::NR, K * marft::NR, g.width, g.xa,
                       g.width, false});
     }
@@ -327,19 +358,22 @@ class DecodeLayer {
       const Proj& p = p_[j];
       float* y = out[n++]->data_ptr<float>();
       if (const float* bias = ptr_or_null(p.bias)) {
-        for (int64_t m = 0; m < M; ++m)
+        rows_parallel(M, [&](int64_t m) {
           for (int64_t c = 0; c < p.N; ++c) y[m * p.N + c] += bias[c];
+        });
       }
     }
     for (Group& g : groups) {  // the B product over the group's own r columns of A x
       const Proj& p = *g.p;
       const int64_t m = g.rows.size();
+      float* y = g.run ? g.y + g.rows.front() * p.N : g.yb;
       jobs.push_back({m, g.xa + g.lo, g.width, p.r, p.b.data_ptr<float>() + g.s * p.r * marft::NR, p.AN * marft::NR,
-                      p.N, g.yb, p.N, false});
+                      p.N, y, p.N, g.run});
     }
     if (jobs.empty()) return;
     marft::panel_jobs(jobs);
     for (Group& g : groups) {
+      if (g.run) continue;
       const int64_t N = g.p->N;
       const float* yb = g.yb;
       for (size_t i = 0; i < g.rows.size(); ++i) {

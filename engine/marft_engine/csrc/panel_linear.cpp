@@ -256,8 +256,26 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
 #endif
 }
 
-void marft::panel_jobs(const std::vector<PanelJob>& jobs) {
+// A job's rows in blocks whose x takes at most this many bytes, each block a job of its own: over
+// many rows (a long prefill) a thread would otherwise read all of x from memory again for each panel,
+// where a block's x stays in L2 while the thread runs the panels over it.
+constexpr int64_t X_BLOCK_BYTES = 256 * 1024;
+
+void marft::panel_jobs(const std::vector<PanelJob>& whole) {
 #ifdef MARFT_AVX2
+  std::vector<PanelJob> jobs;
+  for (const PanelJob& j : whole) {
+    const int64_t row_bytes = j.wb ? j.ldxb * 4 : j.K * 4;
+    const int64_t rows = std::max<int64_t>(6, X_BLOCK_BYTES / row_bytes / 6 * 6);
+    for (int64_t m0 = 0; m0 < j.M || m0 == 0; m0 += rows) {
+      PanelJob b = j;
+      b.M = std::min(rows, j.M - m0);
+      if (b.x) b.x += m0 * j.ldx;
+      if (b.xb) b.xb += m0 * j.ldxb;
+      b.y += m0 * j.ldy;
+      jobs.push_back(b);
+    }
+  }
   std::vector<int64_t> first(jobs.size() + 1, 0);  // job j's panels are items [first[j], first[j + 1])
   for (size_t j = 0; j < jobs.size(); ++j) {
 #ifndef MARFT_BF16
