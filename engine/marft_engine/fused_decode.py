@@ -24,6 +24,7 @@ it within bf16 rounding.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from peft.tuners.lora import layer as lora_layer
@@ -41,6 +42,7 @@ MODEL_TYPES = ("llama", "qwen2")  # decoder layers of exactly this shape (`_chec
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _EMPTY = torch.empty(0)
+_NO_ROWS = torch.empty(0, dtype=torch.int64)  # a projection's LoRA slots before `_layers` sets its rows'
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the slot caches it writes and attends (precision.place)
 
 
@@ -224,31 +226,64 @@ def _modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
+@dataclass
+class _Built:
+    """The kernel's layers for one set of adapters at one set of adapter weights."""
+
+    key: tuple[tuple[str, ...], int]
+    layers: list[object] | None  # None: a LoRA layer the kernel does not take
+    slot_maps: list[list[dict[str, int] | None]]  # per layer and projection: its LoRA slot of each adapter
+    rows: tuple[str, ...] | None = None  # the adapters of the rows whose slots the layers hold
+
+
 def _layers(model: PreTrainedModel, adapter_names: list[str], use: str = "decode") -> list[object] | None:
-    """The kernel's layers for these rows' adapters, built once per set of rows and adapter weights
-    (kept on the model for the next steps of the same rows, one set per use: a prefill between two
-    decode steps does not evict the decode's); None where a LoRA layer is not plain."""
-    key = (tuple(adapter_names), lora_batch.epoch())
+    """The kernel's layers for rows of these adapters: built once per set of adapters and adapter
+    weights and kept on the model, one set per use (a prefill between two decode steps does not evict
+    the decode's); rows that join or leave only set each projection's LoRA slot of each row. None
+    where a LoRA layer is not plain."""
+    names = tuple(sorted(set(adapter_names)))
+    key = (names, lora_batch.epoch())
     attr = f"_marft_fused_{use}_layers"
-    cached = getattr(model, attr, None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    built = getattr(model, attr, None)
+    if not isinstance(built, _Built) or built.key != key:
+        built = _build(model, names, key)
+        setattr(model, attr, built)
+    if built.layers is None:
+        return None
+    rows = tuple(adapter_names)
+    if built.rows != rows:
+        slots: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}  # per slot map: each row's slot [B]
+        for layer, maps in zip(built.layers, built.slot_maps, strict=True):
+            per_proj = []
+            for slot in maps:
+                if slot is None:
+                    per_proj.append(_EMPTY)
+                    continue
+                k = tuple(slot.items())  # the same for every projection whose LoRA the same adapters have
+                if k not in slots:
+                    slots[k] = torch.tensor([slot.get(a, -1) for a in adapter_names], dtype=torch.int64)
+                per_proj.append(slots[k])
+            layer.set_slots(per_proj)  # type: ignore[attr-defined]
+        built.rows = rows
+    return built.layers
+
+
+def _build(model: PreTrainedModel, names: tuple[str, ...], key: tuple[tuple[str, ...], int]) -> _Built:
     k = kernels.load()
     assert k is not None
-    names = tuple(sorted(set(adapter_names)))
-    row_slots: dict[tuple[tuple[str, int], ...], torch.Tensor] = {}  # per slot layout: each row's slot
-    layers = []
+    layers, slot_maps = [], []
     for layer in model.model.layers:
-        projs = []
+        projs, maps = [], []
         for m in _modules(layer):
-            p = _proj(k, m, names, adapter_names, row_slots)
+            p = _proj(k, m, names)
             if p is None:
-                return None
-            projs.append(p)
+                return _Built(key, None, [])
+            projs.append(p[0])
+            maps.append(p[1])
         attn = layer.self_attn
         ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
         layers.append(
-            k.DecodeLayer(
+            k.DecodeLayer(  # type: ignore[attr-defined]
                 ln1.weight.float(),
                 ln2.weight.float(),
                 float(ln1.variance_epsilon),
@@ -257,18 +292,16 @@ def _layers(model: PreTrainedModel, adapter_names: list[str], use: str = "decode
                 attn.scaling,
             )
         )
-    setattr(model, attr, (key, layers))
-    return layers
+        slot_maps.append(maps)
+    return _Built(key, layers, slot_maps)
 
 
 def _proj(
-    k: object,
-    m: torch.nn.Module,
-    names: tuple[str, ...],
-    adapter_names: list[str],
-    row_slots: dict[tuple[tuple[str, int], ...], torch.Tensor],
-) -> object | None:
-    """A projection for the kernel: its base panels and bias, and the rows' LoRA (lora_batch._stacks)."""
+    k: object, m: torch.nn.Module, names: tuple[str, ...]
+) -> tuple[object, dict[str, int] | None] | None:
+    """A projection for the kernel: its base panels and bias, and the adapters' LoRA stacks
+    (lora_batch._stacks) with each adapter's slot in them (None: no LoRA); its rows' slots are set per
+    call (`_layers`)."""
     lora = isinstance(m, lora_layer.Linear)
     base = _plain(m)
     panels = _panels(base, "bf16" if base.weight.dtype == torch.bfloat16 else "fp32")
@@ -278,7 +311,7 @@ def _proj(
     if not lora or m.disable_adapters or not any(a in m.lora_A for a in names):
         if lora and m.merged:
             return None
-        return k.Proj(panels, K, N, bias, _EMPTY, 0, _EMPTY, 0, _EMPTY)  # type: ignore[attr-defined]
+        return k.Proj(panels, K, N, bias, _EMPTY, 0, _EMPTY, 0, _NO_ROWS), None  # type: ignore[attr-defined]
     if (
         m.merged
         or m.training
@@ -291,12 +324,9 @@ def _proj(
         A_panels, B_panels = A_packed.data, B_packed.data
     else:  # a bf16 base: its fp32 LoRA stacks are not packed for its other passes
         A_panels, B_panels = _lora_panels(k, m, A, B)
-    key = tuple(slot.items())  # the same for every projection whose LoRA the same adapters have
-    if key not in row_slots:
-        row_slots[key] = torch.tensor([slot.get(a, -1) for a in adapter_names], dtype=torch.int64)  # [B]
-    slots = row_slots[key]
     r = A.shape[0] // len(slot)
-    return k.Proj(panels, K, N, bias, A_panels, A.shape[0], B_panels, r, slots)  # type: ignore[attr-defined]
+    proj = k.Proj(panels, K, N, bias, A_panels, A.shape[0], B_panels, r, _NO_ROWS)  # type: ignore[attr-defined]
+    return proj, slot
 
 
 def _lora_panels(

@@ -94,6 +94,18 @@ class DecodeLayer {
                 "DecodeLayer: projection shapes do not fit one decoder layer");
   }
 
+  // Each projection's LoRA slot of each row of the next calls ([M] int64; ignored for a projection
+  // without LoRA): rows that join or leave keep the layer, its panels and stacks.
+  void set_slots(const std::vector<torch::Tensor>& slots) {
+    TORCH_CHECK(slots.size() == p_.size(), "DecodeLayer.set_slots: one tensor a projection");
+    for (size_t j = 0; j < p_.size(); ++j) {
+      if (!p_[j].lora()) continue;
+      TORCH_CHECK(slots[j].dim() == 1 && slots[j].scalar_type() == torch::kInt64 && slots[j].is_contiguous(),
+                  "DecodeLayer.set_slots: a LoRA projection's slots must be [M] int64, contiguous");
+      p_[j].slot = slots[j];
+    }
+  }
+
   // x [M, d]: the rows' residual stream; cos, sin [M, D] the rotary embedding of their positions;
   // kbuf, vbuf [S, Hk, C, D] the slot cache (kv_cache.py): the step's keys and values go to column
   // `end` of slots [0, M), and attention reads columns [start, end] with keep [M, 1, end + 1 - start].
@@ -396,6 +408,7 @@ void bind_decode_layer(pybind11::module& m) {
                           int64_t, torch::Tensor>());
   pybind11::class_<DecodeLayer>(m, "DecodeLayer", "one Llama-shaped decoder layer for a CPU decode step")
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, std::vector<Proj>, int64_t, double>())
+      .def("set_slots", &DecodeLayer::set_slots)
       .def("forward", &DecodeLayer::forward)
       .def("prefill", &DecodeLayer::prefill);
 }
