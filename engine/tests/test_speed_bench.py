@@ -164,3 +164,23 @@ def test_drafts_ab_on_a_tiny_model(tmp_path: Path) -> None:
         assert 0 <= res[f"{key}_acceptance"] <= 1
         assert res[f"{key}_tokens_per_step"] >= 1
     assert len(res) == 10
+
+
+@pytest.mark.skipif(
+    not (precision.panels_apply() or precision.bf16_panels_apply()), reason="no panels on this CPU"
+)
+def test_prefill_ab_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/prefill_ab.py: for each dtype the fused prefill has panels for here, its fused side was
+    fused (it exits otherwise), and every figure at each shape is a positive time or ratio."""
+    res = run_ab(tmp_path, "prefill_ab.py", "--shapes", "1x1,3x2")
+    dtypes = [
+        d
+        for d, on in (("float32", precision.panels_apply()), ("bfloat16", precision.bf16_panels_apply()))
+        if on and (d == "float32" or precision.native_bf16())
+    ]
+    for dtype in dtypes:
+        assert res.pop(f"{dtype}_fused_prefills") == 2 * 2  # each shape's warm-up and its 1 fused call
+        assert 0 <= res.pop(f"{dtype}_max_first_logprob_gap") < 0.5
+    assert len(res) == 6 * len(dtypes)
+    assert all(math.isfinite(v) and v > 0 for v in res.values())
+    assert {k.split("_tokens")[0] for k in res} == {f"{d}_p{n}" for d in dtypes for n in (1, 3)}
