@@ -19,6 +19,10 @@ A bf16 base's products take bf16 inputs and weights as under autocast, but keep 
 autocast rounds each product's output (the head's logits included) to bf16, and its LoRA products run
 in fp32: so its log-probs are closer to an fp32 pass than Hugging Face's bf16 step, and differ from
 it within bf16 rounding.
+
+The sampler's prefill passes on such a base run the same layers (`prefill`): a rollout's prefills are
+mostly one or a few prompts, where the model's forward spends as long dispatching its operations and
+small LoRA products as on its products. MARFT_FUSED_PREFILL=0 turns that alone off.
 """
 
 from __future__ import annotations
