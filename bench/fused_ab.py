@@ -15,6 +15,9 @@ length).
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterator
+
 from attention_ab import paired_steps, step_arguments
 from marft_engine import fused_decode, precision
 from marft_engine.engine import Engine
@@ -37,32 +40,49 @@ def fused_engine(source: str, dtype: str) -> tuple[Engine, list[str]] | None:
     return eng, add_adapters(eng, "s", "d", 4)
 
 
+def counting(name: str) -> list[int]:
+    """fused_decode.<name> (`logits` or `prefill`) wrapped so that the list's one number counts the
+    calls it applied to: a pair's fused side must have been fused, or the pairs compare nothing."""
+    took = [0]
+    fn = getattr(fused_decode, name)
+
+    def counted(*a: object, **k: object) -> object:
+        out = fn(*a, **k)
+        took[0] += out is not None
+        return out
+
+    setattr(fused_decode, name, counted)
+    return took
+
+
+def fused_engines(
+    args: argparse.Namespace, script: str
+) -> Iterator[tuple[str, Engine, list[str]]]:
+    """For each of args.dtypes this CPU has panels for: the dtype, an engine on args.source (closed
+    after) and its 4 adapters; the others skipped, said so."""
+    for dtype in ab_dtypes(args.dtypes, script):
+        made = fused_engine(args.source, dtype)
+        if made is None:
+            print(f"{script}: no {dtype} panels on this CPU; {dtype} skipped")
+            continue
+        eng, agents = made
+        try:
+            yield dtype, eng, agents
+        finally:
+            eng.close()
+
+
 def main() -> None:
     args = step_arguments(__doc__ or "", "8x1,20x8,32x1,20x18")
 
     def use_fused(on: bool) -> None:
         fused_decode.ENABLED = on
 
-    # fused steps: the fused side must have been fused, or the pairs compare nothing
-    took = [0]
-    logits = fused_decode.logits
-
-    def counted(*a: object, **k: object) -> object:
-        out = logits(*a, **k)  # type: ignore[arg-type]
-        took[0] += out is not None
-        return out
-
-    fused_decode.logits = counted  # type: ignore[assignment]
+    took = counting("logits")
     res: dict[str, float] = {}
-    for dtype in ab_dtypes(args.dtypes, "fused_ab"):
-        made = fused_engine(args.source, dtype)
-        if made is None:
-            print(f"fused_ab: no {dtype} panels on this CPU; {dtype} skipped")
-            continue
-        eng, agents = made
+    for dtype, eng, agents in fused_engines(args, "fused_ab"):
         took[0] = 0
         res |= paired_steps(eng, agents, use_fused, ("fused", "model"), dtype, args)
-        eng.close()
         if not took[0]:
             raise SystemExit(
                 f"fused_ab: no {dtype} decode step of {args.source} took the fused layer"

@@ -19,12 +19,11 @@ from __future__ import annotations
 import time
 
 import torch
-from fused_ab import fused_engine
+from fused_ab import counting, fused_engines
 from marft_engine import fused_decode
 from marft_engine.schemas import SampleBatch, SampleRequest, SamplingParams
 from probe import (
     ab_arguments,
-    ab_dtypes,
     paired_figures,
     problems,
     prompts_of,
@@ -41,22 +40,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="1x8,1x18,4x18,10x18")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    fused = [0]  # passes the fused side ran fused: else the pairs compare nothing
-    prefill = fused_decode.prefill
-
-    def counted(*a: object, **k: object) -> object:
-        out = prefill(*a, **k)  # type: ignore[arg-type]
-        fused[0] += out is not None
-        return out
-
-    fused_decode.prefill = counted  # type: ignore[assignment]
+    fused = counting("prefill")
     res: dict[str, float] = {}
-    for dtype in ab_dtypes(args.dtypes, "prefill_ab"):
-        made = fused_engine(args.source, dtype)
-        if made is None:
-            print(f"prefill_ab: no {dtype} panels on this CPU; {dtype} skipped")
-            continue
-        eng, agents = made
+    for dtype, eng, agents in fused_engines(args, "prefill_ab"):
         fused[0] = 0
         gap = 0.0
         sp = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
@@ -90,7 +76,6 @@ def main() -> None:
             res |= paired_figures(
                 dtype, label, ("padded", "fused"), seconds[False], seconds[True]
             )
-        eng.close()
         if not fused[0]:
             raise SystemExit(
                 f"prefill_ab: no {dtype} prefill of {args.source} was fused"
