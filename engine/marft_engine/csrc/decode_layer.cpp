@@ -156,7 +156,8 @@ class DecodeLayer {
     auto qp = torch::zeros({P, S, H * D}, x.options());
     float* qd = qp.data_ptr<float>();
     const float* qs = q.data_ptr<float>();
-    rows_parallel(N, [&](int64_t n) { std::copy_n(qs + n * H * D, H * D, qd + (rp[n] * S + cp[n] - (L - S)) * H * D); });
+    auto at = [&](int64_t n) { return (rp[n] * S + cp[n] - (L - S)) * H * D; };  // token n's query in qp
+    rows_parallel(N, [&](int64_t n) { std::copy_n(qs + n * H * D, H * D, qd + at(n)); });
     auto qh = qp.view({P, S, H, D}).transpose(1, 2).to(kbuf.scalar_type());  // [P, H, S, D]
     // In blocks of query positions, each over the columns up to its last one's: the causal mask leaves
     // the later columns out of every query of the block, which the kernel would otherwise score.
@@ -168,11 +169,11 @@ class DecodeLayer {
                                                        0.0, false, scale_, true));
     }
     auto a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [P, H, S, D]
-    auto ap = a.transpose(1, 2).to(torch::kFloat32).contiguous();                          // [P, S, H, D]
+    auto ap = a.transpose(1, 2).to(torch::kFloat32).contiguous();  // [P, S, H, D]
     auto attn = torch::empty({N, H * D}, x.options());
     const float* as = ap.data_ptr<float>();
     float* ad = attn.data_ptr<float>();
-    rows_parallel(N, [&](int64_t n) { std::copy_n(as + (rp[n] * S + cp[n] - (L - S)) * H * D, H * D, ad + n * H * D); });
+    rows_parallel(N, [&](int64_t n) { std::copy_n(as + at(n), H * D, ad + n * H * D); });
     return rest(x, attn);
   }
 
@@ -243,7 +244,8 @@ class DecodeLayer {
                          static_cast<float>(eps_));
   }
 
-  // (bf16: rounded to nearest even, as PyTorch's copy into a bf16 cache rounds)
+  // to_cache in the cache's element type KV (bf16: rounded to nearest even, as PyTorch's copy into a
+  // bf16 cache rounds).
   template <typename KV>
   void to_cache_as(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kbuf, torch::Tensor& vbuf,
                 const int64_t* rows, const int64_t* cols) const {
