@@ -70,13 +70,7 @@ def logits(
         and ids.dim() == 2
         and ids.shape[1] == 1
         and 0 < ids.shape[0] <= precision.PANEL_MAX_ROWS
-        and not torch.is_grad_enabled()
-        and (kind := _kind(model)) is not None
-        # a bf16 base's passes run under bf16 autocast (precision.autocast), an fp32 one's without
-        and torch.is_autocast_enabled("cpu") == (kind == "bf16")
-        # not cached with the shape: an adapter may put a LoRA layer on the head or the embedding
-        and type(model.lm_head) is torch.nn.Linear
-        and type(model.model.embed_tokens) is torch.nn.Embedding
+        and (kind := _pass_kind(model)) is not None
     ):
         return None
     slots = getattr(cache, "layers", None)
@@ -123,12 +117,8 @@ def prefill(
         ENABLED
         and PREFILL_ENABLED
         and 0 < N <= PREFILL_MAX_TOKENS
-        and not torch.is_grad_enabled()
-        and (kind := _kind(model)) is not None
-        and torch.is_autocast_enabled("cpu") == (kind == "bf16")
-        and type(model.lm_head) is torch.nn.Linear
-        and type(model.model.embed_tokens) is torch.nn.Embedding
         and model.device.type == "cpu"
+        and (kind := _pass_kind(model)) is not None
     ):
         return None
     layers = _layers(model, [a for a, n in zip(adapters, lens, strict=True) for _ in range(n)], "prefill")
@@ -174,6 +164,23 @@ def _head(model: PreTrainedModel, kind: str, h: torch.Tensor) -> torch.Tensor:
     assert k is not None
     y = k.panel_linear_bf16(h, head._marft_bf16_panels, head.out_features)  # [B, V]
     return y if head.bias is None else y + head.bias.float()
+
+
+def _pass_kind(model: PreTrainedModel) -> str | None:
+    """`_kind`, where this pass is one the kernel's layers take (no gradients, the base's autocast,
+    a plain head and embedding); else None."""
+    kind = _kind(model)
+    if (
+        kind is None
+        or torch.is_grad_enabled()
+        # a bf16 base's passes run under bf16 autocast (precision.autocast), an fp32 one's without
+        or torch.is_autocast_enabled("cpu") != (kind == "bf16")
+        # not cached with the shape: an adapter may put a LoRA layer on the head or the embedding
+        or type(model.lm_head) is not torch.nn.Linear
+        or type(model.model.embed_tokens) is not torch.nn.Embedding
+    ):
+        return None
+    return kind
 
 
 def _kind(model: PreTrainedModel) -> str | None:

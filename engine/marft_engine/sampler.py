@@ -313,8 +313,8 @@ class Sampler:
         past = right_aligned(hits, base.device)  # [layers, P, H, C, D] each, or None
         adapters, new = [a for a, _ in prompts], [p[c:] for (_, p), c in zip(prompts, cached, strict=True)]
         with torch.no_grad(), base.autocast():  # one C++ call a layer where it applies (fused_decode.py)
-            fused = fused_decode.prefill(base.hf, adapters, new, cached, past)
-        logits, kv = fused or self._padded_prefill(base, adapters, new, cached, past)
+            fused = fused_decode.prefill(base.hf, adapters, new, cached, past)  # None: not taken
+        logits, kv = self._padded_prefill(base, adapters, new, cached, past) if fused is None else fused
         spans = [
             ([(C - c, C)] if c else []) + [(C + S - s, C + S)] for c, s in zip(cached, rest, strict=True)
         ]
