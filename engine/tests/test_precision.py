@@ -320,7 +320,8 @@ def test_panels_multiply_any_shape_within_fp32_rounding_and_each_row_alone(
 ) -> None:
     """The panel kernel (csrc/panel_linear.cpp), through pack_weight and packed_linear: within fp32
     rounding of the exact product (float64) for every block of rows it takes (1 to 6, the 4 + 3 and
-    4 + 4 endings) and beyond, output columns that fill no whole panel, 3-D and strided inputs, with
+    4 + 4 endings) and beyond, shallow products (K <= 64, split by rows rather than panels), output
+    columns that fill no whole panel, 3-D and strided inputs, with
     a bias; and every row's result is bit for bit the one it gets alone, whatever the other rows."""
     monkeypatch.setattr(precision, "panels_apply", lambda: panels)
     g = torch.Generator().manual_seed(2)

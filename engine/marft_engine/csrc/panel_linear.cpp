@@ -49,9 +49,17 @@ inline void rows_times_panel(const float* x, int64_t ldx, int64_t K, const float
   alignas(32) float out[6][NR];
   const __m256 sums[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < MR; ++r) {
+    float* yr = y + r * ldy;
+    if (cols == NR) {  // a whole panel's columns: straight from the registers (over a LoRA B product's
+                       // few k, a scalar pass through `out` cost as much as the multiply-adds)
+      const __m256 lo = acc ? _mm256_add_ps(_mm256_loadu_ps(yr), sums[r][0]) : sums[r][0];
+      const __m256 hi = acc ? _mm256_add_ps(_mm256_loadu_ps(yr + 8), sums[r][1]) : sums[r][1];
+      _mm256_storeu_ps(yr, lo);
+      _mm256_storeu_ps(yr + 8, hi);
+      continue;
+    }
     _mm256_store_ps(out[r], sums[r][0]);
     _mm256_store_ps(out[r] + 8, sums[r][1]);
-    float* yr = y + r * ldy;
     if (acc) {
       for (int64_t c = 0; c < cols; ++c) yr[c] += out[r][c];
     } else {
@@ -119,9 +127,9 @@ inline void rows_times_panel_bf16(const uint32_t* x, int64_t ldx, int64_t K2, co
   const __m512 sums[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < MR; ++r) {
     float* yr = y + r * ldy;
-    if (cols == NRB && !acc) {
-      _mm512_storeu_ps(yr, sums[r][0]);
-      _mm512_storeu_ps(yr + 16, sums[r][1]);
+    if (cols == NRB) {
+      _mm512_storeu_ps(yr, acc ? _mm512_add_ps(_mm512_loadu_ps(yr), sums[r][0]) : sums[r][0]);
+      _mm512_storeu_ps(yr + 16, acc ? _mm512_add_ps(_mm512_loadu_ps(yr + 16), sums[r][1]) : sums[r][1]);
       continue;
     }
     alignas(64) float out[NRB];
@@ -260,6 +268,12 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
 // many rows (a long prefill) a thread would otherwise read all of x from memory again for each panel,
 // where a block's x stays in L2 while the thread runs the panels over it.
 constexpr int64_t X_BLOCK_BYTES = 256 * 1024;
+// A job of at most this depth (a LoRA B product: K = the rank) is split by rows, not by panels: an
+// item is SHALLOW_ROWS rows through every panel. By panels, each item read and wrote one cache line
+// of y in each of the job's rows, a stride of a whole row apart; over a prefill's hundreds of rows
+// those lines missed the caches, and the adds into y cost several times the multiply-adds.
+constexpr int64_t SHALLOW_K = 64;
+constexpr int64_t SHALLOW_ROWS = 12;
 
 void marft::panel_jobs(const std::vector<PanelJob>& whole) {
 #ifdef MARFT_AVX2
@@ -276,13 +290,15 @@ void marft::panel_jobs(const std::vector<PanelJob>& whole) {
       jobs.push_back(b);
     }
   }
-  std::vector<int64_t> first(jobs.size() + 1, 0);  // job j's panels are items [first[j], first[j + 1])
+  auto shallow = [](const PanelJob& j) { return !j.wb && j.K <= SHALLOW_K; };
+  auto panels = [](const PanelJob& j) { return (j.N + (j.wb ? marft::NRB : NR) - 1) / (j.wb ? marft::NRB : NR); };
+  std::vector<int64_t> first(jobs.size() + 1, 0);  // job j's items are [first[j], first[j + 1])
   for (size_t j = 0; j < jobs.size(); ++j) {
 #ifndef MARFT_BF16
     TORCH_CHECK(!jobs[j].wb, "panel_jobs: a bf16 job, built without AVX512_BF16");
 #endif
-    const int64_t width = jobs[j].wb ? marft::NRB : NR;
-    first[j + 1] = first[j] + (jobs[j].N + width - 1) / width;
+    const int64_t n = shallow(jobs[j]) ? (jobs[j].M + SHALLOW_ROWS - 1) / SHALLOW_ROWS : panels(jobs[j]);
+    first[j + 1] = first[j] + n;
   }
   const int64_t items = first.back();
   auto run = [&](int64_t lo, int64_t hi) {
@@ -290,22 +306,30 @@ void marft::panel_jobs(const std::vector<PanelJob>& whole) {
     for (int64_t item = lo; item < hi; ++item) {
       while (item >= first[j + 1]) ++j;
       const marft::PanelJob& job = jobs[j];
-      const int64_t p = item - first[j];
+      const int64_t i = item - first[j];
+      if (shallow(job)) {  // rows [i * SHALLOW_ROWS, ...) through every panel
+        PanelJob part = job;
+        part.M = std::min(SHALLOW_ROWS, job.M - i * SHALLOW_ROWS);
+        part.x += i * SHALLOW_ROWS * job.ldx;
+        part.y += i * SHALLOW_ROWS * job.ldy;
+        for (int64_t p = 0, P = panels(job); p < P; ++p) job_panel<false>(part, p, nullptr);
+        continue;
+      }
 #ifdef MARFT_BF16
       if (job.wb) {
-        job_panel_bf16(job, p);
+        job_panel_bf16(job, i);
         continue;
       }
 #endif
       if (job.M <= 6) {  // one block of rows streams its panel from memory as it goes: no prefetch
-        job_panel<false>(job, p, nullptr);
+        job_panel<false>(job, i, nullptr);
         continue;
       }
       // the thread's next item: this job's next panel, or the next job's first
-      const float* next = p + 1 < first[j + 1] - first[j] ? job.panels + (p + 1) * job.pstride
+      const float* next = i + 1 < first[j + 1] - first[j] ? job.panels + (i + 1) * job.pstride
                           : j + 1 < jobs.size() && !jobs[j + 1].wb ? jobs[j + 1].panels
                                                                  : job.panels;
-      job_panel<true>(job, p, next);
+      job_panel<true>(job, i, next);
     }
   };
   // Each thread takes a run of items of about equal work (rows x columns x (depth + the stores); a
@@ -320,8 +344,14 @@ void marft::panel_jobs(const std::vector<PanelJob>& whole) {
   std::vector<double> work(items + 1, 0.0);  // work[i]: the work of items [0, i)
   for (size_t j = 0; j < jobs.size(); ++j) {
     const PanelJob& job = jobs[j];
-    const double w = static_cast<double>(job.M) * (job.wb ? marft::NRB * ((job.K + 1) / 2 + 4) : NR * (job.K + 8));
-    for (int64_t i = first[j]; i < first[j + 1]; ++i) work[i + 1] = work[i] + w;
+    for (int64_t i = first[j]; i < first[j + 1]; ++i) {
+      const double w = job.wb ? static_cast<double>(job.M) * marft::NRB * ((job.K + 1) / 2 + 4)
+                       : shallow(job)
+                           ? static_cast<double>(std::min(SHALLOW_ROWS, job.M - (i - first[j]) * SHALLOW_ROWS)) *
+                                 NR * (job.K + 8) * panels(job)
+                           : static_cast<double>(job.M) * NR * (job.K + 8);
+      work[i + 1] = work[i] + w;
+    }
   }
   auto bound = [&](int64_t t) -> int64_t {  // thread t's first item
     if (t >= threads) return items;
