@@ -315,3 +315,66 @@ def test_a_prefill_after_cached_columns_equals_each_prompt_alone(dtype: str) -> 
                 assert torch.equal(k[i, :, C - c : C], k1[0, :, :c])  # the cached columns, as given
     finally:
         e.close()
+
+
+def test_bf16_prefill_attention_over_many_blocks_and_chunks_is_within_bf16_of_fp32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bf16 base's fused prefill attends on the bf16 panels (decode_layer.cpp,
+    `prefill_attention_bf16`). Two long prompts side by side, one after a cached prefix: many blocks
+    of query positions, and for the longer one scores over several chunks of blocks. Each prompt's
+    next-token log-probs are within bf16 rounding of an fp32 forward over the same bf16 weights, and
+    closer to it than the model's own bf16 forward is plus a margin."""
+    if not precision.bf16_panels_apply():
+        pytest.skip("no bf16 panels on this CPU")
+    e16, e32 = Engine(device="cpu", max_batch=64), Engine(device="cpu", max_batch=64)
+    try:
+        e16.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
+        with monkeypatch.context() as m:  # no packed copies: the weights are rounded to bf16 below
+            m.setattr(precision, "pack_weight", lambda w, bias=None: None)
+            e32.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
+        with torch.no_grad():
+            for mod in e32.bases["b"].hf.modules():
+                if isinstance(mod, torch.nn.Linear):
+                    mod.weight.copy_(mod.weight.to(torch.bfloat16))
+        for e in (e16, e32):
+            add_policy(e, "A", seed=1)
+        perturb(e16, "A", 11)
+        with torch.no_grad():
+            for p, q in zip(e16.adapters["A"].params, e32.adapters["A"].params, strict=True):
+                q.copy_(p)
+        lora_batch.bump()
+        g = torch.Generator().manual_seed(3)
+        vocab = e16.bases["b"].hf.config.vocab_size
+        prompts = [torch.randint(3, vocab - 8, (n,), generator=g).tolist() for n in (1000, 300)]
+        base16 = e16.bases["b"]
+        with torch.no_grad(), base16.autocast():
+            # the second prompt's first 120 tokens cached: its keys and values from its own prefill
+            head = fused_decode.prefill(base16.hf, ["A"], [prompts[1][:120]], [0], None)
+            assert head is not None
+            C = 120
+            past = (
+                torch.stack([k for k, _ in head[1]]).new_zeros(len(head[1]), 2, *head[1][0][0].shape[1:]),
+                torch.stack([v for _, v in head[1]]).new_zeros(len(head[1]), 2, *head[1][0][1].shape[1:]),
+            )
+            for li, (k, v) in enumerate(head[1]):
+                past[0][li, 1], past[1][li, 1] = k[0], v[0]
+            out = fused_decode.prefill(base16.hf, ["A", "A"], [prompts[0], prompts[1][C:]], [0, C], past)
+            assert out is not None
+            model16 = [
+                base16.peft(input_ids=torch.tensor([p]), adapter_names=["A"]).logits[0, -1] for p in prompts
+            ]
+        with torch.no_grad():
+            ref = [
+                e32.bases["b"].peft(input_ids=torch.tensor([p]), adapter_names=["A"]).logits[0, -1]
+                for p in prompts
+            ]
+        for i in range(2):
+            want = ref[i].float().log_softmax(-1)
+            fused = (out[0][i].float().log_softmax(-1) - want).abs()
+            model = (model16[i].float().log_softmax(-1) - want).abs()
+            assert fused.mean() < 0.02 and fused.max() < 0.2, (i, fused.mean(), fused.max())
+            assert fused.mean() < model.mean() + 0.01, (i, fused.mean(), model.mean())
+    finally:
+        e16.close()
+        e32.close()

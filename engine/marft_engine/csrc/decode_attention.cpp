@@ -197,10 +197,15 @@ void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
       for (int64_t r = 0; r < R; ++r) {
         float* pr = p.data() + r * L;
         const float top = mx[r];
+        // A masked column's weight is 0 without its exponential: exp of a score near MASKED leaves the
+        // vector exp for a scalar path, lane by lane (the floor keeps kept ones off it). A row with
+        // nothing kept keeps its uniform softmax.
+        const bool none = top == MASKED;
         float z = 0.f;
 #pragma omp simd reduction(+ : z)
         for (int64_t l = 0; l < L; ++l) {
-          pr[l] = std::exp(pr[l] - top);
+          const float e = std::exp(std::max(pr[l] - top, -80.f));
+          pr[l] = pr[l] == MASKED && !none ? 0.f : e;
           z += pr[l];
         }
         sum[r] = z;

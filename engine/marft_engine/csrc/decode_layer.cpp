@@ -51,6 +51,135 @@ void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what
 }
 }  // namespace
 
+// Attention of a prefill's queries over its bf16 cache on the bf16 panels (panels.h). PyTorch's flash
+// kernel went through MKL's bf16 product, which on the AMD CPUs measured took MKL's generic path: a
+// few percent of a prefill's FLOPs took a seventh of its time (docs/MEASUREMENTS.md). Per prompt p and key/value head h, the rows are the queries of the G
+// heads that share h at the prompt's real positions: scores = q k^T over the columns from the
+// prompt's first kept one, a masked softmax in fp32, then p v with p rounded to bf16 (as the flash
+// kernel rounds it), each in blocks of QB query positions over the columns up to the block's last
+// one (the causal mask leaves out the rest). q [P, S, H, D] fp32; kbuf, vbuf [P, Hk, L, D] bf16;
+// keep [P, 1, S, L]; real[p]: prompt p's first real query position. Writes the real positions'
+// rows of out [P, S, H, D] fp32.
+void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::BFloat16* vbuf, const bool* keep,
+                            int64_t P, int64_t S, int64_t H, int64_t Hk, int64_t L, int64_t D, float scale,
+                            const std::vector<int64_t>& real, float* out) {
+  constexpr int64_t QB = 64;
+  constexpr int64_t SCORE_BYTES = 4 << 20;  // a chunk of blocks' scores at most (but one block)
+  constexpr float MASKED = -1e30f;           // finite, as -ffast-math needs; exp(MASKED - max) is 0
+  const int64_t G = H / Hk, D2 = D / 2;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t t_lo = real[p];
+    if (t_lo >= S) continue;
+    const bool* kp = keep + p * S * L;
+    int64_t first = L;
+    for (int64_t t = t_lo; t < S; ++t) {
+      const bool* kt = kp + t * L;
+      first = std::min<int64_t>(first, std::find(kt, kt + L, true) - kt);
+    }
+    if (first == L) first = 0;
+    const int64_t N = L - first, N2 = (N + 1) / 2;
+    // keys as the panels of a weight [N, D]: a pair of k is two consecutive bf16 of a key row
+    auto kpan = torch::zeros({(N + marft::NRB - 1) / marft::NRB, D2, marft::NRB}, torch::kInt32);
+    // values as the panels of V^T [D, N]: a pair of k is one element of two consecutive value rows
+    auto vpan = torch::zeros({(D + marft::NRB - 1) / marft::NRB, N2, marft::NRB}, torch::kInt32);
+    for (int64_t h = 0; h < Hk; ++h) {
+      const uint16_t* K = reinterpret_cast<const uint16_t*>(kbuf + ((p * Hk + h) * L + first) * D);
+      const uint16_t* V = reinterpret_cast<const uint16_t*>(vbuf + ((p * Hk + h) * L + first) * D);
+      uint32_t* kw = reinterpret_cast<uint32_t*>(kpan.data_ptr<int32_t>());
+      uint32_t* vw = reinterpret_cast<uint32_t*>(vpan.data_ptr<int32_t>());
+      at::parallel_for(0, N2, 64, [&](int64_t lo, int64_t hi) {
+        for (int64_t c2 = lo; c2 < hi; ++c2) {
+          for (int64_t c = 2 * c2; c < std::min(N, 2 * c2 + 2); ++c) {
+            uint32_t* kr = kw + (c / marft::NRB) * D2 * marft::NRB + c % marft::NRB;
+            const uint32_t* pairs = reinterpret_cast<const uint32_t*>(K + c * D);  // D even
+            for (int64_t k2 = 0; k2 < D2; ++k2) kr[k2 * marft::NRB] = pairs[k2];
+          }
+          const uint16_t* v0 = V + 2 * c2 * D;
+          for (int64_t d = 0; d < D; ++d) {
+            const uint32_t hi16 = 2 * c2 + 1 < N ? static_cast<uint32_t>(v0[D + d]) << 16 : 0;
+            vw[((d / marft::NRB) * N2 + c2) * marft::NRB + d % marft::NRB] = static_cast<uint32_t>(v0[d]) | hi16;
+          }
+        }
+      });
+      // rows (t, j): query head h G + j at position t, for t from t_lo; in chunks of whole blocks
+      for (int64_t c0 = t_lo; c0 < S;) {
+        int64_t c1 = c0;
+        do {
+          c1 = std::min(c1 + QB, S);
+        } while (c1 < S && (std::min(c1 + QB, S) - c0) * G * N * 4 <= SCORE_BYTES);
+        const int64_t R = (c1 - c0) * G;
+        auto qx = torch::empty({R, D2}, torch::kInt32);
+        auto sc = torch::empty({R, N}, torch::kFloat32);
+        auto px = torch::empty({R, N2}, torch::kInt32);
+        auto ob = torch::empty({R, D}, torch::kFloat32);
+        std::vector<float> inv(R);
+        uint32_t* qxp = reinterpret_cast<uint32_t*>(qx.data_ptr<int32_t>());
+        uint32_t* pxp = reinterpret_cast<uint32_t*>(px.data_ptr<int32_t>());
+        float* scp = sc.data_ptr<float>();
+        float* obp = ob.data_ptr<float>();
+        at::parallel_for(0, R, 64, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r) {
+            const int64_t t = c0 + r / G, j = r % G;
+            marft::to_bf16_pairs(q + ((p * S + t) * H + h * G + j) * D, 1, D, D, qxp + r * D2);
+          }
+        });
+        auto cols = [&](int64_t t0) { return L - S + std::min(t0 + QB, S) - first; };  // a block's columns
+        std::vector<marft::PanelJob> jobs;
+        for (int64_t t0 = c0; t0 < c1; t0 += QB) {
+          const int64_t r0 = (t0 - c0) * G, m = (std::min(t0 + QB, c1) - t0) * G;
+          marft::PanelJob j{m, nullptr, 0, D, nullptr, D2 * marft::NRB, cols(t0), scp + r0 * N, N, false};
+          j.xb = qxp + r0 * D2;
+          j.ldxb = D2;
+          j.wb = reinterpret_cast<const uint32_t*>(kpan.data_ptr<int32_t>());
+          jobs.push_back(j);
+        }
+        marft::panel_jobs(jobs);
+        at::parallel_for(0, R, 16, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r) {
+            const int64_t t = c0 + r / G, n = cols(c0 + (t - c0) / QB * QB);
+            float* sr = scp + r * N;
+            const bool* kr = kp + t * L + first;
+            float mx = MASKED;
+            for (int64_t c = 0; c < n; ++c) {
+              sr[c] = kr[c] ? sr[c] * scale : MASKED;
+              mx = std::max(mx, sr[c]);
+            }
+            // a masked column's weight is 0 without its exponential: exp of a score near MASKED
+            // leaves the vector exp for a scalar path, lane by lane (the floor keeps kept ones off it)
+            float z = 0.f;
+#pragma omp simd reduction(+ : z)
+            for (int64_t c = 0; c < n; ++c) {
+              const float e = std::exp(std::max(sr[c] - mx, -80.f));
+              sr[c] = sr[c] == MASKED ? 0.f : e;
+              z += sr[c];
+            }
+            inv[r] = 1.f / z;
+            marft::to_bf16_pairs(sr, 1, n, n, pxp + r * N2);
+          }
+        });
+        jobs.clear();
+        for (int64_t t0 = c0; t0 < c1; t0 += QB) {
+          const int64_t r0 = (t0 - c0) * G, m = (std::min(t0 + QB, c1) - t0) * G;
+          marft::PanelJob j{m, nullptr, 0, cols(t0), nullptr, N2 * marft::NRB, D, obp + r0 * D, D, false};
+          j.xb = pxp + r0 * N2;
+          j.ldxb = N2;
+          j.wb = reinterpret_cast<const uint32_t*>(vpan.data_ptr<int32_t>());
+          jobs.push_back(j);
+        }
+        marft::panel_jobs(jobs);
+        at::parallel_for(0, R, 64, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r) {
+            const int64_t t = c0 + r / G, j = r % G;
+            float* o = out + ((p * S + t) * H + h * G + j) * D;
+            for (int64_t d = 0; d < D; ++d) o[d] = obp[r * D + d] * inv[r];
+          }
+        });
+        c0 = c1;
+      }
+    }
+  }
+}
+
 // A projection x W^T + bias + B (s A x) with each row through its own adapter's LoRA (lora_batch.py's
 // per-row path): A holds the adapters' A side by side ([n r, d_in], slot j in rows j r .. j r + r - 1),
 // B theirs ([d_out, n r], scaling folded in); row i keeps only its slot's block of A x (slot -1: none).
@@ -151,25 +280,34 @@ class DecodeLayer {
     torch::Tensor q, k, v;
     qkv(x, cos, sin, q, k, v);
     to_cache(k, v, kbuf, vbuf, rp, cp);
-    // The queries padded to [P, S, H, D] for PyTorch's attention (its flash kernel on a CPU), in the
-    // cache's dtype; a padding position's output is never read.
+    // The queries padded to [P, S, H, D]; a padding position's output is never read.
     auto qp = torch::zeros({P, S, H * D}, x.options());
     float* qd = qp.data_ptr<float>();
     const float* qs = q.data_ptr<float>();
     auto at = [&](int64_t n) { return (rp[n] * S + cp[n] - (L - S)) * H * D; };  // token n's query in qp
     rows_parallel(N, [&](int64_t n) { std::copy_n(qs + n * H * D, H * D, qd + at(n)); });
-    auto qh = qp.view({P, S, H, D}).transpose(1, 2).to(kbuf.scalar_type());  // [P, H, S, D]
-    // In blocks of query positions, each over the columns up to its last one's: the causal mask leaves
-    // the later columns out of every query of the block, which the kernel would otherwise score.
-    std::vector<torch::Tensor> parts;
-    for (int64_t t0 = 0; t0 < S; t0 += QUERY_BLOCK) {
-      const int64_t T = std::min(QUERY_BLOCK, S - t0), Lb = L - S + t0 + T;
-      parts.push_back(at::scaled_dot_product_attention(qh.narrow(2, t0, T), kbuf.narrow(2, 0, Lb),
-                                                       vbuf.narrow(2, 0, Lb), keep.narrow(2, t0, T).narrow(3, 0, Lb),
-                                                       0.0, false, scale_, true));
+    torch::Tensor ap;  // [P, S, H, D] fp32: each real query position's attention
+    if (kbuf.scalar_type() == torch::kBFloat16) {
+      ap = torch::empty({P, S, H, D}, x.options());
+      std::vector<int64_t> real(P, S);  // each prompt's first real query position
+      for (int64_t n = 0; n < N; ++n) real[rp[n]] = std::min(real[rp[n]], cp[n] - (L - S));
+      prefill_attention_bf16(qd, kbuf.data_ptr<at::BFloat16>(), vbuf.data_ptr<at::BFloat16>(), keep.data_ptr<bool>(),
+                             P, S, H, kbuf.size(1), L, D, static_cast<float>(scale_), real, ap.data_ptr<float>());
+    } else {
+      // PyTorch's attention (its flash kernel on a CPU), in blocks of query positions, each over the
+      // columns up to its last one's: the causal mask leaves the later columns out of every query of
+      // the block, which the kernel would otherwise score.
+      auto qh = qp.view({P, S, H, D}).transpose(1, 2);  // [P, H, S, D]
+      std::vector<torch::Tensor> parts;
+      for (int64_t t0 = 0; t0 < S; t0 += QUERY_BLOCK) {
+        const int64_t T = std::min(QUERY_BLOCK, S - t0), Lb = L - S + t0 + T;
+        parts.push_back(at::scaled_dot_product_attention(qh.narrow(2, t0, T), kbuf.narrow(2, 0, Lb),
+                                                         vbuf.narrow(2, 0, Lb), keep.narrow(2, t0, T).narrow(3, 0, Lb),
+                                                         0.0, false, scale_, true));
+      }
+      auto a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [P, H, S, D]
+      ap = a.transpose(1, 2).contiguous();                        // [P, S, H, D]
     }
-    auto a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [P, H, S, D]
-    auto ap = a.transpose(1, 2).to(torch::kFloat32).contiguous();  // [P, S, H, D]
     auto attn = torch::empty({N, H * D}, x.options());
     const float* as = ap.data_ptr<float>();
     float* ad = attn.data_ptr<float>();
