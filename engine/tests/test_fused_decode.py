@@ -202,24 +202,7 @@ def test_bf16_fused_steps_are_as_close_to_fp32_as_the_model_step(
     e16, e32 = Engine(device="cpu", max_batch=64), Engine(device="cpu", max_batch=64)
     try:
         # with the prefix cache: the second call's prefills run after cached columns
-        e16.create_base(
-            BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16", prefix_cache_mb=4)
-        )
-        with monkeypatch.context() as m:  # no packed copies: the weights are rounded to bf16 below
-            m.setattr(precision, "pack_weight", lambda w, bias=None: None)
-            e32.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
-        with torch.no_grad():
-            for mod in e32.bases["b"].hf.modules():
-                if isinstance(mod, torch.nn.Linear):
-                    mod.weight.copy_(mod.weight.to(torch.bfloat16))
-        for e in (e16, e32):
-            add_policy(e, "A", seed=1)
-            add_policy(e, "B", seed=2)
-        with torch.no_grad():
-            for a in "AB":
-                for p, q in zip(e16.adapters[a].params, e32.adapters[a].params, strict=True):
-                    q.copy_(p)
-        lora_batch.bump()
+        _bf16_beside_fp32(e16, e32, monkeypatch, {"A": 1, "B": 2}, prefix_cache_mb=4)
         for temperature in (0.0, 1.0):
             e16.sampler.prefix.clear()
             fused = sample(e16, 0, temperature, seed=5)
@@ -242,6 +225,38 @@ def test_bf16_fused_steps_are_as_close_to_fp32_as_the_model_step(
     finally:
         e16.close()
         e32.close()
+
+
+def _bf16_beside_fp32(
+    e16: Engine,
+    e32: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    adapters: dict[str, int],
+    prefix_cache_mb: int = 0,
+    perturbed: bool = False,
+) -> None:
+    """Base "b" of the tiny Llama on e16 in bf16, and on e32 in fp32 over the same weights rounded to
+    bf16 (no packed copies); the adapters {name: seed} on both (first perturbed on e16, where asked),
+    e32's a copy of e16's."""
+    e16.create_base(
+        BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16", prefix_cache_mb=prefix_cache_mb)
+    )
+    with monkeypatch.context() as m:
+        m.setattr(precision, "pack_weight", lambda w, bias=None: None)
+        e32.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
+    with torch.no_grad():
+        for mod in e32.bases["b"].hf.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.copy_(mod.weight.to(torch.bfloat16))
+    for name, seed in adapters.items():
+        for e in (e16, e32):
+            add_policy(e, name, seed=seed)
+        if perturbed:
+            perturb(e16, name, seed + 10)
+        with torch.no_grad():
+            for p, q in zip(e16.adapters[name].params, e32.adapters[name].params, strict=True):
+                q.copy_(p)
+    lora_batch.bump()
 
 
 def _gaps_to_fp32(e32: Engine, out: list[Completion], temperature: float) -> list[float]:
@@ -329,21 +344,7 @@ def test_bf16_prefill_attention_over_many_blocks_and_chunks_is_within_bf16_of_fp
         pytest.skip("no bf16 panels on this CPU")
     e16, e32 = Engine(device="cpu", max_batch=64), Engine(device="cpu", max_batch=64)
     try:
-        e16.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="bfloat16"))
-        with monkeypatch.context() as m:  # no packed copies: the weights are rounded to bf16 below
-            m.setattr(precision, "pack_weight", lambda w, bias=None: None)
-            e32.create_base(BaseCreate(name="b", source="tiny:llama", seed=0, dtype="float32"))
-        with torch.no_grad():
-            for mod in e32.bases["b"].hf.modules():
-                if isinstance(mod, torch.nn.Linear):
-                    mod.weight.copy_(mod.weight.to(torch.bfloat16))
-        for e in (e16, e32):
-            add_policy(e, "A", seed=1)
-        perturb(e16, "A", 11)
-        with torch.no_grad():
-            for p, q in zip(e16.adapters["A"].params, e32.adapters["A"].params, strict=True):
-                q.copy_(p)
-        lora_batch.bump()
+        _bf16_beside_fp32(e16, e32, monkeypatch, {"A": 1}, perturbed=True)
         g = torch.Generator().manual_seed(3)
         vocab = e16.bases["b"].hf.config.vocab_size
         prompts = [torch.randint(3, vocab - 8, (n,), generator=g).tolist() for n in (1000, 300)]

@@ -53,13 +53,13 @@ void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what
 
 // Attention of a prefill's queries over its bf16 cache on the bf16 panels (panels.h). PyTorch's flash
 // kernel went through MKL's bf16 product, which on the AMD CPUs measured took MKL's generic path: a
-// few percent of a prefill's FLOPs took a seventh of its time (docs/MEASUREMENTS.md). Per prompt p and key/value head h, the rows are the queries of the G
-// heads that share h at the prompt's real positions: scores = q k^T over the columns from the
-// prompt's first kept one, a masked softmax in fp32, then p v with p rounded to bf16 (as the flash
-// kernel rounds it), each in blocks of QB query positions over the columns up to the block's last
-// one (the causal mask leaves out the rest). q [P, S, H, D] fp32; kbuf, vbuf [P, Hk, L, D] bf16;
-// keep [P, 1, S, L]; real[p]: prompt p's first real query position. Writes the real positions'
-// rows of out [P, S, H, D] fp32.
+// few percent of a prefill's FLOPs took a seventh of its time (docs/MEASUREMENTS.md). Per prompt p
+// and key/value head h, the rows are the queries of the G heads that share h at the prompt's real
+// positions: scores = q k^T over the columns from the prompt's first kept one, a masked softmax in
+// fp32, then p v with p rounded to bf16 (as the flash kernel rounds it); each in blocks of QB query
+// positions over the columns up to the block's last one (the causal mask leaves out the rest).
+// q [P, S, H, D] fp32; kbuf, vbuf [P, Hk, L, D] bf16; keep [P, 1, S, L]; real[p]: prompt p's first
+// real query position. Writes the real positions' rows of out [P, S, H, D] fp32.
 void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::BFloat16* vbuf, const bool* keep,
                             int64_t P, int64_t S, int64_t H, int64_t Hk, int64_t L, int64_t D, float scale,
                             const std::vector<int64_t>& real, float* out) {
@@ -124,16 +124,23 @@ void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::
           }
         });
         auto cols = [&](int64_t t0) { return L - S + std::min(t0 + QB, S) - first; };  // a block's columns
-        std::vector<marft::PanelJob> jobs;
-        for (int64_t t0 = c0; t0 < c1; t0 += QB) {
-          const int64_t r0 = (t0 - c0) * G, m = (std::min(t0 + QB, c1) - t0) * G;
-          marft::PanelJob j{m, nullptr, 0, D, nullptr, D2 * marft::NRB, cols(t0), scp + r0 * N, N, false};
-          j.xb = qxp + r0 * D2;
-          j.ldxb = D2;
-          j.wb = reinterpret_cast<const uint32_t*>(kpan.data_ptr<int32_t>());
-          jobs.push_back(j);
-        }
-        marft::panel_jobs(jobs);
+        // one bf16 product a block of rows: x (pairs, ldx words a row) times panels (pstride words
+        // apart), into y (ldy a row); depth and width D or the block's columns, as `scores` says
+        auto blocks = [&](bool scores, const uint32_t* x, int64_t ldx, const torch::Tensor& panels, int64_t pstride,
+                          float* y, int64_t ldy) {
+          std::vector<marft::PanelJob> jobs;
+          for (int64_t t0 = c0; t0 < c1; t0 += QB) {
+            const int64_t r0 = (t0 - c0) * G, m = (std::min(t0 + QB, c1) - t0) * G;
+            const int64_t depth = scores ? D : cols(t0), width = scores ? cols(t0) : D;
+            marft::PanelJob j{m, nullptr, 0, depth, nullptr, pstride, width, y + r0 * ldy, ldy, false};
+            j.xb = x + r0 * ldx;
+            j.ldxb = ldx;
+            j.wb = reinterpret_cast<const uint32_t*>(panels.data_ptr<int32_t>());
+            jobs.push_back(j);
+          }
+          marft::panel_jobs(jobs);
+        };
+        blocks(true, qxp, D2, kpan, D2 * marft::NRB, scp, N);  // the scores [R, N]
         at::parallel_for(0, R, 16, [&](int64_t lo, int64_t hi) {
           for (int64_t r = lo; r < hi; ++r) {
             const int64_t t = c0 + r / G, n = cols(c0 + (t - c0) / QB * QB);
@@ -157,16 +164,7 @@ void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::
             marft::to_bf16_pairs(sr, 1, n, n, pxp + r * N2);
           }
         });
-        jobs.clear();
-        for (int64_t t0 = c0; t0 < c1; t0 += QB) {
-          const int64_t r0 = (t0 - c0) * G, m = (std::min(t0 + QB, c1) - t0) * G;
-          marft::PanelJob j{m, nullptr, 0, cols(t0), nullptr, N2 * marft::NRB, D, obp + r0 * D, D, false};
-          j.xb = pxp + r0 * N2;
-          j.ldxb = N2;
-          j.wb = reinterpret_cast<const uint32_t*>(vpan.data_ptr<int32_t>());
-          jobs.push_back(j);
-        }
-        marft::panel_jobs(jobs);
+        blocks(false, pxp, N2, vpan, N2 * marft::NRB, obp, D);  // the weights times the values [R, D]
         at::parallel_for(0, R, 64, [&](int64_t lo, int64_t hi) {
           for (int64_t r = lo; r < hi; ++r) {
             const int64_t t = c0 + r / G, j = r % G;
