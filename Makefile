@@ -11,13 +11,14 @@ VENV_STAMP := $(VENV)/.stamp
 
 GEMMA3 := .cache/models/gemma3-270m/config.json
 
-# npm and pip run side by side (both mostly wait on disk and network).
+# npm and pip run side by side (both mostly wait on disk and network), then Gemma's conversion (one
+# thread) beside the kernels' build.
 setup:
 	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) $(VENV_STAMP)
-	@$(MAKE) --no-print-directory $(GEMMA3) $(KERNEL_STAMP)
+	@$(MAKE) --no-print-directory -j2 $(GEMMA3) $(KERNEL_STAMP)
 
 # The engine's CPU kernels (decode attention, few-row fp32 products), compiled once for this CPU into the
-# model cache (half a minute), so that no engine start pays for it (engine/marft_engine/kernels.py).
+# model cache (under a minute), so that no engine start pays for it (engine/marft_engine/kernels.py).
 # Without a C++ compiler the engine decodes with PyTorch's operations instead, and this step says so.
 KERNEL_STAMP := .cache/torch_extensions/.stamp
 $(KERNEL_STAMP): $(wildcard engine/marft_engine/csrc/*.cpp engine/marft_engine/csrc/*.h) $(VENV_STAMP)

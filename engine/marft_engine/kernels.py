@@ -12,7 +12,9 @@
 
 The extension is compiled for this CPU (`-march=native`) by `torch.utils.cpp_extension` into the model
 cache (`make setup` builds it, tens of seconds; a cache hit costs about a second). Where it cannot be
-built (no C++ compiler), `load` returns None and the engine keeps PyTorch's own operations.
+built (no C++ compiler), `load` returns None and the engine keeps PyTorch's own operations. Only
+module.cpp and decode_layer.cpp, which bind to Python, include `torch/extension.h` (pybind and all of
+torch's API): parsing it took most of each file's build, so the others include ATen's own headers.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 // PyTorch's CPU flash kernel read it at half the rate of a plain sum over it (docs/MEASUREMENTS.md);
 // this reads every row's keys and values once, for all the query heads that share them.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cmath>
@@ -93,14 +94,14 @@ inline void weighted64(const float* p, const KV* v, int64_t vl, int64_t L, int64
 #endif
 
 template <typename KV>
-void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& keep,
-            double scale, torch::Tensor& out);
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
+            double scale, at::Tensor& out);
 }  // namespace
 
 // q [B, H, T, D] fp32, contiguous; k, v [B, Hk, L, D] fp32 or both bf16, with D contiguous (views of
 // the slot cache); keep [B, T, L] bool, contiguous (true: attend). Returns [B, T, H, D] fp32.
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& keep, double scale) {
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& keep, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && keep.dim() == 3, "decode_attention: ranks");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
                   (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
@@ -113,7 +114,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   TORCH_CHECK(H % Hk == 0 && k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D,
               "decode_attention: shapes");
   TORCH_CHECK(keep.size(0) == B && keep.size(1) == T && keep.size(2) == L, "decode_attention: keep shape");
-  auto out = torch::empty({B, T, H, D}, q.options());
+  auto out = at::empty({B, T, H, D}, q.options());
   if (k.scalar_type() == at::kBFloat16) {
     attend<at::BFloat16>(q, k, v, keep, scale, out);
   } else {
@@ -124,8 +125,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
 
 namespace {
 template <typename KV>
-void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& keep,
-            double scale, torch::Tensor& out) {
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
+            double scale, at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   const int64_t Hk = k.size(1), L = k.size(2);
   const int64_t G = H / Hk;  // query heads per key/value head: heads h*G .. h*G+G-1 read head h

@@ -4,7 +4,8 @@
 #include "elementwise.h"
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,13 +35,13 @@ void marft::silu_mul_inplace(float* g, const float* u, int64_t n) {
 }
 
 // x [..., d] fp32 -> the RMS norm of each row times w [d].
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32 && w.dim() == 1 &&
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 1 &&
                   x.size(-1) == w.size(0),
               "rms_norm: fp32 x [..., d] and w [d]");
   x = x.contiguous();
   w = w.contiguous();
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const int64_t d = w.size(0);
   marft::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), d ? x.numel() / d : 0, d,
                        static_cast<float>(eps));
@@ -48,8 +49,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 }
 
 // silu(g) * u for fp32 g, u of one shape, as a new tensor.
-torch::Tensor silu_mul(torch::Tensor g, torch::Tensor u) {
-  TORCH_CHECK(g.scalar_type() == torch::kFloat32 && u.scalar_type() == torch::kFloat32 && g.sizes() == u.sizes(),
+at::Tensor silu_mul(at::Tensor g, at::Tensor u) {
+  TORCH_CHECK(g.scalar_type() == at::kFloat && u.scalar_type() == at::kFloat && g.sizes() == u.sizes(),
               "silu_mul: fp32 g and u of one shape");
   auto y = g.contiguous().clone();
   u = u.contiguous();

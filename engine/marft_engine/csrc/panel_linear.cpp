@@ -4,7 +4,9 @@
 // at well under half of this CPU's multiply-add rate (docs/MEASUREMENTS.md). Here each panel of W is
 // read once per call and multiplies up to 6 rows at a time, their 12 sums held in registers.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 
@@ -199,31 +201,31 @@ void marft::to_bf16_pairs(const float* x, int64_t M, int64_t K, int64_t ldx, uin
 // w [N, K] (fp32 or bf16) -> bf16 panels [ceil(N / 32), ceil(K / 2), 32] of 32-bit words: panel p,
 // row k holds the pairs (w[c, 2k], w[c, 2k + 1]) for c in [32 p, 32 p + 32), low half first, zero
 // past N and K. Stored as int32 (PyTorch has no bf16-pair dtype).
-torch::Tensor pack_panels_bf16(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == torch::kFloat32 || w.scalar_type() == torch::kBFloat16),
+at::Tensor pack_panels_bf16(at::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
               "pack_panels_bf16: w must be [N, K] fp32 or bf16");
   const int64_t N = w.size(0), K = w.size(1), P = (N + marft::NRB - 1) / marft::NRB, K2 = (K + 1) / 2;
-  auto padded = torch::zeros({P * marft::NRB, 2 * K2}, w.options().dtype(torch::kBFloat16));
+  auto padded = at::zeros({P * marft::NRB, 2 * K2}, w.options().dtype(at::kBFloat16));
   padded.narrow(0, 0, N).narrow(1, 0, K).copy_(w);
   // [P, 32, K2, 2] -> [P, K2, 32, 2], then each pair as one word
-  return padded.view({P, marft::NRB, K2, 2}).transpose(1, 2).contiguous().view(torch::kInt32).view({P, K2, marft::NRB});
+  return padded.view({P, marft::NRB, K2, 2}).transpose(1, 2).contiguous().view(at::kInt).view({P, K2, marft::NRB});
 }
 
 // x [M, K] fp32 (rounded to bf16) times pack_panels_bf16's panels of w [N, K] -> [M, N] fp32, the sums
 // in fp32. A row's result does not depend on the other rows of the call.
-torch::Tensor panel_linear_bf16(torch::Tensor x, torch::Tensor panels, int64_t N) {
+at::Tensor panel_linear_bf16(at::Tensor x, at::Tensor panels, int64_t N) {
 #ifdef MARFT_BF16
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "panel_linear_bf16: x must be [M, K] fp32");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "panel_linear_bf16: x must be [M, K] fp32");
   const int64_t M = x.size(0), K = x.size(1), K2 = (K + 1) / 2;
-  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kInt32 && panels.size(1) == K2 &&
+  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == at::kInt && panels.size(1) == K2 &&
                   panels.size(2) == marft::NRB && panels.is_contiguous() &&
                   panels.size(0) == (N + marft::NRB - 1) / marft::NRB,
               "panel_linear_bf16: panels must be pack_panels_bf16's [ceil(N / 32), ceil(K / 2), 32] for x's K");
   x = x.contiguous();
-  auto xb = torch::empty({M, K2}, x.options().dtype(torch::kInt32));
+  auto xb = at::empty({M, K2}, x.options().dtype(at::kInt));
   auto* xbp = reinterpret_cast<uint32_t*>(xb.data_ptr<int32_t>());
   marft::to_bf16_pairs(x.data_ptr<float>(), M, K, K, xbp);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   marft::PanelJob job{M, nullptr, 0, K, nullptr, K2 * marft::NRB, N, y.data_ptr<float>(), N, false};
   job.xb = xbp;
   job.ldxb = K2;
@@ -237,25 +239,25 @@ torch::Tensor panel_linear_bf16(torch::Tensor x, torch::Tensor panels, int64_t N
 }
 
 // w [N, K] fp32 -> panels [ceil(N / 16), K, 16]: panel p, row k holds w[16 p : 16 p + 16, k], zero past N.
-torch::Tensor pack_panels(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack_panels: w must be [N, K] fp32");
+at::Tensor pack_panels(at::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "pack_panels: w must be [N, K] fp32");
   const int64_t N = w.size(0), K = w.size(1), P = (N + NR - 1) / NR;
-  auto padded = torch::zeros({P * NR, K}, w.options());
+  auto padded = at::zeros({P * NR, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
   return padded.view({P, NR, K}).transpose(1, 2).contiguous();  // [P, K, 16]
 }
 
 // x [M, K] fp32 times the panels of w [N, K] -> [M, N]. Every row's sums run over k in order, so a
 // row's result does not depend on the other rows of the call.
-torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t N) {
+at::Tensor panel_linear(at::Tensor x, at::Tensor panels, int64_t N) {
 #ifdef MARFT_AVX2
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "panel_linear: x must be [M, K] fp32");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "panel_linear: x must be [M, K] fp32");
   TORCH_CHECK(panels.dim() == 3 && panels.size(1) == x.size(1) && panels.size(2) == NR && panels.is_contiguous(),
               "panel_linear: panels must be pack_panels' [P, K, 16] for x's K");
   TORCH_CHECK((N + NR - 1) / NR == panels.size(0), "panel_linear: N does not match the panels");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   marft::panel_jobs({{M, x.data_ptr<float>(), K, K, panels.data_ptr<float>(), K * NR, N, y.data_ptr<float>(), N, false}});
   return y;
 #else
