@@ -58,11 +58,12 @@ void check_panels(const torch::Tensor& p, int64_t K, int64_t N, const char* what
 // positions: scores = q k^T over the columns from the prompt's first kept one, a masked softmax in
 // fp32, then p v with p rounded to bf16 (as the flash kernel rounds it); each in blocks of QB query
 // positions over the columns up to the block's last one (the causal mask leaves out the rest).
-// q [P, S, H, D] fp32; kbuf, vbuf [P, Hk, L, D] bf16; keep [P, 1, S, L]; real[p]: prompt p's first
-// real query position. Writes the real positions' rows of out [P, S, H, D] fp32.
-void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::BFloat16* vbuf, const bool* keep,
-                            int64_t P, int64_t S, int64_t H, int64_t Hk, int64_t L, int64_t D, float scale,
-                            const std::vector<int64_t>& real, float* out) {
+// q [N, H, D] fp32: the pass's tokens; tok[p S + t]: the token of prompt p at query position t, for t
+// from real[p] (prompt p's first real one); kbuf, vbuf [P, Hk, L, D] bf16; keep [P, 1, S, L]. Writes
+// out [N, H, D] fp32.
+void prefill_attention_bf16(const float* q, const std::vector<int64_t>& tok, const at::BFloat16* kbuf,
+                            const at::BFloat16* vbuf, const bool* keep, int64_t P, int64_t S, int64_t H, int64_t Hk,
+                            int64_t L, int64_t D, float scale, const std::vector<int64_t>& real, float* out) {
   constexpr int64_t QB = 64;
   constexpr int64_t SCORE_BYTES = 4 << 20;  // a chunk of blocks' scores at most (but one block)
   constexpr float MASKED = -1e30f;           // finite, as -ffast-math needs; exp(MASKED - max) is 0
@@ -120,7 +121,7 @@ void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::
         at::parallel_for(0, R, 64, [&](int64_t lo, int64_t hi) {
           for (int64_t r = lo; r < hi; ++r) {
             const int64_t t = c0 + r / G, j = r % G;
-            marft::to_bf16_pairs(q + ((p * S + t) * H + h * G + j) * D, 1, D, D, qxp + r * D2);
+            marft::to_bf16_pairs(q + (tok[p * S + t] * H + h * G + j) * D, 1, D, D, qxp + r * D2);
           }
         });
         auto cols = [&](int64_t t0) { return L - S + std::min(t0 + QB, S) - first; };  // a block's columns
@@ -168,7 +169,7 @@ void prefill_attention_bf16(const float* q, const at::BFloat16* kbuf, const at::
         at::parallel_for(0, R, 64, [&](int64_t lo, int64_t hi) {
           for (int64_t r = lo; r < hi; ++r) {
             const int64_t t = c0 + r / G, j = r % G;
-            float* o = out + ((p * S + t) * H + h * G + j) * D;
+            float* o = out + (tok[p * S + t] * H + h * G + j) * D;
             for (int64_t d = 0; d < D; ++d) o[d] = obp[r * D + d] * inv[r];
           }
         });
@@ -278,35 +279,44 @@ class DecodeLayer {
     torch::Tensor q, k, v;
     qkv(x, cos, sin, q, k, v);
     to_cache(k, v, kbuf, vbuf, rp, cp);
-    // The queries padded to [P, S, H, D]; a padding position's output is never read.
+    auto attn = torch::empty({N, H * D}, x.options());
+    if (kbuf.scalar_type() == torch::kBFloat16) {  // the bf16 panels read and write the tokens' own rows
+      std::vector<int64_t> tok(P * S, -1), real(P, S);  // each query position's token; each prompt's first
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t t = cp[n] - (L - S);
+        TORCH_CHECK(tok[rp[n] * S + t] < 0, "DecodeLayer.prefill: two tokens at row ", rp[n], ", column ", cp[n]);
+        tok[rp[n] * S + t] = n;
+        real[rp[n]] = std::min(real[rp[n]], t);
+      }
+      for (int64_t p = 0; p < P; ++p) {
+        for (int64_t t = real[p]; t < S; ++t) {
+          TORCH_CHECK(tok[p * S + t] >= 0, "DecodeLayer.prefill: row ", p, "'s new tokens must fill its last columns");
+        }
+      }
+      prefill_attention_bf16(q.data_ptr<float>(), tok, kbuf.data_ptr<at::BFloat16>(), vbuf.data_ptr<at::BFloat16>(),
+                             keep.data_ptr<bool>(), P, S, H, kbuf.size(1), L, D, static_cast<float>(scale_), real,
+                             attn.data_ptr<float>());
+      return rest(x, attn);
+    }
+    // PyTorch's attention (its flash kernel on a CPU) over the queries padded to [P, S, H, D] (a padding
+    // position's output is never read), in blocks of query positions, each over the columns up to its
+    // last one's: the causal mask leaves the later columns out of every query of the block, which the
+    // kernel would otherwise score.
     auto qp = torch::zeros({P, S, H * D}, x.options());
     float* qd = qp.data_ptr<float>();
     const float* qs = q.data_ptr<float>();
     auto at = [&](int64_t n) { return (rp[n] * S + cp[n] - (L - S)) * H * D; };  // token n's query in qp
     rows_parallel(N, [&](int64_t n) { std::copy_n(qs + n * H * D, H * D, qd + at(n)); });
-    torch::Tensor ap;  // [P, S, H, D] fp32: each real query position's attention
-    if (kbuf.scalar_type() == torch::kBFloat16) {
-      ap = torch::empty({P, S, H, D}, x.options());
-      std::vector<int64_t> real(P, S);  // each prompt's first real query position
-      for (int64_t n = 0; n < N; ++n) real[rp[n]] = std::min(real[rp[n]], cp[n] - (L - S));
-      prefill_attention_bf16(qd, kbuf.data_ptr<at::BFloat16>(), vbuf.data_ptr<at::BFloat16>(), keep.data_ptr<bool>(),
-                             P, S, H, kbuf.size(1), L, D, static_cast<float>(scale_), real, ap.data_ptr<float>());
-    } else {
-      // PyTorch's attention (its flash kernel on a CPU), in blocks of query positions, each over the
-      // columns up to its last one's: the causal mask leaves the later columns out of every query of
-      // the block, which the kernel would otherwise score.
-      auto qh = qp.view({P, S, H, D}).transpose(1, 2);  // [P, H, S, D]
-      std::vector<torch::Tensor> parts;
-      for (int64_t t0 = 0; t0 < S; t0 += QUERY_BLOCK) {
-        const int64_t T = std::min(QUERY_BLOCK, S - t0), Lb = L - S + t0 + T;
-        parts.push_back(at::scaled_dot_product_attention(qh.narrow(2, t0, T), kbuf.narrow(2, 0, Lb),
-                                                         vbuf.narrow(2, 0, Lb), keep.narrow(2, t0, T).narrow(3, 0, Lb),
-                                                         0.0, false, scale_, true));
-      }
-      auto a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [P, H, S, D]
-      ap = a.transpose(1, 2).contiguous();                        // [P, S, H, D]
+    auto qh = qp.view({P, S, H, D}).transpose(1, 2);  // [P, H, S, D]
+    std::vector<torch::Tensor> parts;
+    for (int64_t t0 = 0; t0 < S; t0 += QUERY_BLOCK) {
+      const int64_t T = std::min(QUERY_BLOCK, S - t0), Lb = L - S + t0 + T;
+      parts.push_back(at::scaled_dot_product_attention(qh.narrow(2, t0, T), kbuf.narrow(2, 0, Lb),
+                                                       vbuf.narrow(2, 0, Lb), keep.narrow(2, t0, T).narrow(3, 0, Lb),
+                                                       0.0, false, scale_, true));
     }
-    auto attn = torch::empty({N, H * D}, x.options());
+    auto a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);  // [P, H, S, D]
+    auto ap = a.transpose(1, 2).contiguous();                   // [P, S, H, D]
     const float* as = ap.data_ptr<float>();
     float* ad = attn.data_ptr<float>();
     rows_parallel(N, [&](int64_t n) { std::copy_n(as + at(n), H * D, ad + n * H * D); });
