@@ -11,15 +11,15 @@
 #include <cmath>
 #include <vector>
 
+#include "elementwise.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MARFT_AVX2 1
 #endif
 
 namespace {
-// A masked score: exp(MASKED - max) is 0 beside any real score, and finite, as -ffast-math needs
-// (as precision.py's MASKED: a row with no key to attend gets a uniform softmax, not NaN).
-constexpr float MASKED = -1e30f;
+using marft::MASKED;
 
 // A cached key or value element as fp32: the cache holds fp32, or bf16 (a bf16 base's, half the bytes
 // to read), whose bits are the top half of an fp32's.
@@ -100,8 +100,8 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 
 // q [B, H, T, D] fp32, contiguous; k, v [B, Hk, L, D] fp32 or both bf16, with D contiguous (views of
 // the slot cache); keep [B, T, L] bool, contiguous (true: attend). Returns [B, T, H, D] fp32.
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& keep, double scale) {
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
+                            double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && keep.dim() == 3, "decode_attention: ranks");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
                   (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
@@ -195,22 +195,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
           }
         }
       }
-      for (int64_t r = 0; r < R; ++r) {
-        float* pr = p.data() + r * L;
-        const float top = mx[r];
-        // A masked column's weight is 0 without its exponential: exp of a score near MASKED leaves the
-        // vector exp for a scalar path, lane by lane (the floor keeps kept ones off it). A row with
-        // nothing kept keeps its uniform softmax.
-        const bool none = top == MASKED;
-        float z = 0.f;
-#pragma omp simd reduction(+ : z)
-        for (int64_t l = 0; l < L; ++l) {
-          const float e = std::exp(std::max(pr[l] - top, -80.f));
-          pr[l] = pr[l] == MASKED && !none ? 0.f : e;
-          z += pr[l];
-        }
-        sum[r] = z;
-      }
+      for (int64_t r = 0; r < R; ++r) sum[r] = marft::masked_exp(p.data() + r * L, L, mx[r]);
 #ifdef MARFT_AVX2
       if (D % 64 == 0) {
         // weighted values, one query row at a time with its sums in registers (the row's values

@@ -66,7 +66,6 @@ void prefill_attention_bf16(const float* q, const std::vector<int64_t>& tok, con
                             int64_t L, int64_t D, float scale, const std::vector<int64_t>& real, float* out) {
   constexpr int64_t QB = 64;
   constexpr int64_t SCORE_BYTES = 4 << 20;  // a chunk of blocks' scores at most (but one block)
-  constexpr float MASKED = -1e30f;           // finite, as -ffast-math needs; exp(MASKED - max) is 0
   const int64_t G = H / Hk, D2 = D / 2;
   for (int64_t p = 0; p < P; ++p) {
     const int64_t t_lo = real[p];
@@ -147,21 +146,12 @@ void prefill_attention_bf16(const float* q, const std::vector<int64_t>& tok, con
             const int64_t t = c0 + r / G, n = cols(c0 + (t - c0) / QB * QB);
             float* sr = scp + r * N;
             const bool* kr = kp + t * L + first;
-            float mx = MASKED;
+            float mx = marft::MASKED;
             for (int64_t c = 0; c < n; ++c) {
-              sr[c] = kr[c] ? sr[c] * scale : MASKED;
+              sr[c] = kr[c] ? sr[c] * scale : marft::MASKED;
               mx = std::max(mx, sr[c]);
             }
-            // a masked column's weight is 0 without its exponential: exp of a score near MASKED
-            // leaves the vector exp for a scalar path, lane by lane (the floor keeps kept ones off it)
-            float z = 0.f;
-#pragma omp simd reduction(+ : z)
-            for (int64_t c = 0; c < n; ++c) {
-              const float e = std::exp(std::max(sr[c] - mx, -80.f));
-              sr[c] = sr[c] == MASKED ? 0.f : e;
-              z += sr[c];
-            }
-            inv[r] = 1.f / z;
+            inv[r] = 1.f / marft::masked_exp(sr, n, mx);  // a real query keeps its own column
             marft::to_bf16_pairs(sr, 1, n, n, pxp + r * N2);
           }
         });

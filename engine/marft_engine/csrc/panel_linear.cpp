@@ -258,7 +258,8 @@ at::Tensor panel_linear(at::Tensor x, at::Tensor panels, int64_t N) {
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   auto y = at::empty({M, N}, x.options());
-  marft::panel_jobs({{M, x.data_ptr<float>(), K, K, panels.data_ptr<float>(), K * NR, N, y.data_ptr<float>(), N, false}});
+  marft::panel_jobs(
+      {{M, x.data_ptr<float>(), K, K, panels.data_ptr<float>(), K * NR, N, y.data_ptr<float>(), N, false}});
   return y;
 #else
   TORCH_CHECK(false, "panel_linear: built without AVX2 and FMA");
