@@ -13,6 +13,11 @@ On a random-init model of Qwen2-0.5B's shape (`tiny:qwen2-0.5b`, no download) in
   token; the engine's decode rate against the lower of the two.
 - training: forward_backward (PPO, LoRA r16 on every projection) + optim_step tokens/s, and model
   FLOP/s over the probe (MFU), as speed_bench.py counts them.
+- mixed_adapter_train_speedup: 4 adapters' PPO updates on the demo's shapes (8 data each of a
+  60-100 token prompt and a 12-20 token answer), 4 forward_backward calls against one
+  forward_backward_batch, optimizer steps included, as speed_bench.py times it on a CPU. The shared
+  pass takes its rows' LoRA terms stacked, as on a GPU by default (lora_batch.TRAIN_STACKED); `_runs`:
+  by runs of one adapter's rows, as on a CPU.
 Each figure is also printed; the JSON holds them all.
 """
 
@@ -22,16 +27,19 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from marft_engine import lora_batch
 from marft_engine.engine import Engine
 from marft_engine.models import load_source
 from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
     Datum,
+    ForwardBackwardBatch,
     ForwardBackwardRequest,
     LoraConfig,
     OptimStepRequest,
@@ -44,11 +52,13 @@ from probe import (
     alternate,
     attention_flops,
     decode_step_bytes,
+    demo_data,
     left_padded,
     matmul_flops,
     shape,
     timed,
 )
+from speed_bench import add_adapters
 
 
 def bandwidth(device: str, elements: int) -> float:
@@ -152,6 +162,55 @@ def bench_training(
     return {"train_tokens_per_s": tokens / t, "train_model_flops_per_s": flops / t}
 
 
+def bench_mixed_training(
+    eng: Engine, base: str, device: str, reps: int, rows: int
+) -> dict[str, float]:
+    names = add_adapters(eng, base, "m", 4)
+    vocab = eng.bases[base].vocab_size
+    calls = [
+        ForwardBackwardRequest(
+            adapter=n, loss="ppo", data=demo_data(vocab, rows, 10 + k)
+        )
+        for k, n in enumerate(names)
+    ]
+
+    def steps() -> None:
+        for n in names:
+            eng.optim_step(OptimStepRequest(adapter=n))
+
+    def separate() -> None:
+        for c in calls:
+            eng.forward_backward(c)
+        steps()
+
+    def shared(stacked: bool) -> Callable[[], None]:
+        def run() -> None:
+            lora_batch.TRAIN_STACKED = stacked
+            eng.forward_backward_batch(ForwardBackwardBatch(calls=calls))
+            steps()
+
+        return run
+
+    try:
+        for fn in (separate, shared(True), shared(False)):  # warm-up
+            fn()
+        t = alternate(
+            {"separate": separate, "stacked": shared(True), "runs": shared(False)},
+            reps,
+            device,
+        )
+    finally:
+        lora_batch.TRAIN_STACKED = None
+        for n in names:
+            eng.delete_adapter(n)
+    return {
+        "mixed_adapter_train_speedup": t["separate"] / t["stacked"],
+        "mixed_adapter_train_speedup_runs": t["separate"] / t["runs"],
+        "mixed_adapter_separate_seconds": t["separate"],
+        "mixed_adapter_shared_seconds": t["stacked"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -215,6 +274,7 @@ def main() -> None:
         )
         res.update(bench_training(eng, "m", args.device, rows, seq, reps))
         res["train_mfu_vs_probe"] = res["train_model_flops_per_s"] / res["probe_flops"]
+        res.update(bench_mixed_training(eng, "m", args.device, reps, 2 if quick else 8))
         if args.peak_tflops:
             res["train_mfu"] = res["train_model_flops_per_s"] / (
                 args.peak_tflops * 1e12

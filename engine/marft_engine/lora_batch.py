@@ -13,7 +13,8 @@ it anew in every LoRA layer of every decode step was a measurable share of the s
 A pass over real tokens only (a prefill, unpad.py) takes each run of one adapter's rows through its
 own block instead (`_add_runs`). Only inference in eval mode takes this path (dropout and LoRA
 variants fall back to PEFT). A training pass over several adapters' rows (training_batch.py) takes
-`_train_rows_forward`: each run of one adapter's rows through its own LoRA modules, with gradients.
+`_train_rows_forward`, with gradients: on a CPU each run of one adapter's rows through its own LoRA
+modules, on a GPU the stacked products as above (`_train_stacked`).
 The stacks are rebuilt when `bump()` says weights may have changed (optimizer steps, loads, adapter
 creation and deletion). Every other pass (one adapter, with or without gradients) takes
 `_active_forward`: PEFT's forward with fewer copies.
@@ -221,6 +222,12 @@ _rows_key: tuple[object, ...] | None = None
 _row_names: tuple[str, ...] | None = None
 _row_choices: dict[tuple[object, ...], torch.Tensor] = {}
 _original_forward = lora_layer.Linear.forward
+# How a training pass over several adapters' rows takes their LoRA terms (`_train_rows_forward`);
+# None: by device. Stacked (a GPU): one pair of products over all the adapters' weights, each row
+# masked to its own block, a few kernels per layer whatever the number of adapters, for every
+# adapter's LoRA FLOPs on every row (a pass of small batches on a GPU is bound by its kernel launches).
+# Runs (a CPU, bound by its FLOPs): each adapter's rows through its own A and B.
+TRAIN_STACKED: bool | None = None
 
 
 @contextlib.contextmanager
@@ -332,9 +339,10 @@ def _run_sizes() -> list[int]:
 def _train_rows_forward(
     self: lora_layer.Linear, x: torch.Tensor, *args: object, **kwargs: object
 ) -> torch.Tensor:
-    """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py): each
-    run of one adapter's rows through its own A and B (`_lora_term`, dropout included), added to the
-    frozen layer's output. The runs are views of x and their outputs are joined once: gathering and
+    """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py), added
+    to the frozen layer's output: on a GPU all the adapters' products stacked (`_train_stacked`,
+    `TRAIN_STACKED`); on a CPU, or with dropout or a LoRA bias, each run of one adapter's rows through
+    its own A and B (`_lora_term`, dropout included). The runs are views of x and their outputs are joined once: gathering and
     scattering rows per adapter copied the whole layer output once per adapter, in every layer.
     x [B, T, d_in] -> [B, T, d_out]."""
     for k in lora_layer.VARIANT_KWARG_KEYS:
@@ -342,6 +350,14 @@ def _train_rows_forward(
     result = self.base_layer(x, *args, **kwargs)  # [B, T, d_out]
     runs, sizes = _runs(), _run_sizes()
     dim = 0 if unpad.layout() is None else 1  # x [1, N, d_in] in a pass over real tokens only
+    present = list(dict.fromkeys(a for a, _, _ in runs if a in self.lora_A))
+    for a in present:
+        if a in self.lora_variant:
+            raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
+    if not present:  # __base__ rows, or adapters without LoRA on this layer
+        return result
+    if _stacked(x.device) and all(_plain(self, a) for a in present):  # one pair of products for every adapter
+        return result + _train_stacked(self, x, present, sizes, dim).to(result.dtype)
     parts: list[torch.Tensor] = []
     # split, not narrow: split's backward joins the pieces' gradients once, where each narrow's
     # backward writes its piece into a zero tensor the size of x
@@ -351,10 +367,59 @@ def _train_rows_forward(
             shape[dim] = size
             parts.append(result.new_zeros(shape))
             continue
-        if a in self.lora_variant:
-            raise ValueError(f"adapter {a!r}: LoRA variants are not supported in a multi-adapter pass")
         parts.append(_lora_term(self, a, sub).to(result.dtype))
     return result + (parts[0] if len(parts) == 1 else torch.cat(parts, dim))  # [B, T, d_out]
+
+
+def _stacked(device: torch.device) -> bool:
+    return device.type == "cuda" if TRAIN_STACKED is None else TRAIN_STACKED
+
+
+def _plain(self: lora_layer.Linear, a: str) -> bool:
+    """Adapter a's LoRA on this layer is B (s A x): no dropout, no bias (what `_train_stacked` computes)."""
+    drop = self.lora_dropout[a]
+    return (isinstance(drop, torch.nn.Identity) or drop.p == 0) and self.lora_B[a].bias is None
+
+
+def _train_stacked(
+    self: lora_layer.Linear, x: torch.Tensor, present: list[str], sizes: list[int], dim: int
+) -> torch.Tensor:
+    """Every row's LoRA term through all the adapters' A stacked and all their B side by side, each
+    row's rank columns masked to its own adapter's block times its scaling (the inference path's
+    `_lora_out`, with gradients): the terms of `_lora_term` within rounding, and gradients reach only
+    the block a row kept. x [B, T, d_in] (or [1, N, d_in]) -> [B, T, d_out]."""
+    A = torch.cat([self.lora_A[a].weight for a in present])  # [R, d_in], R = the adapters' ranks summed
+    B = torch.cat([self.lora_B[a].weight for a in present], 1)  # [d_out, R]
+    if not torch.is_autocast_enabled(x.device.type):
+        x = x.to(A.dtype)
+    h = F.linear(x, A)  # [B, T, R]
+    return F.linear(h * _train_keep(self, present, sizes, dim, h), B)  # [B, T, d_out]
+
+
+def _train_keep(
+    self: lora_layer.Linear, present: list[str], sizes: list[int], dim: int, h: torch.Tensor
+) -> torch.Tensor:
+    """[B, 1, R] (or [1, N, R] over real tokens only): the scaling of a row's own adapter on that
+    adapter's rank columns, 0 elsewhere. The same for every layer with the same ranks and scalings,
+    so built once per call (kept with `_row_choice`'s)."""
+    blocks = tuple((a, self.r[a], float(self.scaling[a])) for a in present)
+    key = ("train", blocks, tuple(sizes), dim, h.device, h.dtype)
+    if key in _row_choices:
+        return _row_choices[key]
+    cols: dict[str, tuple[int, int, float]] = {}
+    for a, r, s in blocks:
+        cols[a] = (sum(c[1] for c in cols.values()), r, s)
+    keep = torch.zeros(sum(sizes), sum(r for _, r, _ in blocks))  # [rows or tokens, R]
+    at = 0
+    for (a, _, _), size in zip(_runs(), sizes, strict=True):
+        if a in cols:
+            c, r, s = cols[a]
+            keep[at : at + size, c : c + r] = s
+        at += size
+    keep = keep.to(device=h.device, dtype=h.dtype)
+    keep = keep[:, None] if dim == 0 else keep[None]
+    _row_choices[key] = keep
+    return keep
 
 
 def install() -> None:

@@ -40,5 +40,7 @@ def test_gpu_bench_runs_on_cpu_with_a_tiny_model(tmp_path: Path) -> None:
         "decode_roofline_fraction",
         "train_tokens_per_s",
         "train_mfu_vs_probe",
+        "mixed_adapter_train_speedup",
+        "mixed_adapter_train_speedup_runs",
     ]:
         assert isinstance(res[key], float) and math.isfinite(res[key]) and res[key] > 0, key
