@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from marft_engine import lora_batch
+from marft_engine import lora_batch, precision
 from marft_engine.engine import Engine
 from marft_engine.models import load_source
 from marft_engine.schemas import (
@@ -88,11 +88,13 @@ def bench_sampling(
         for i, p in enumerate(prompts)
     ]
     ids, mask = left_padded(prompts, b.pad_id, b.device)
-    model = eng.compute.call(
-        lambda: (
-            load_source(b.source, b.seed)[0].to(device=b.device, dtype=b.dtype).eval()
-        )
-    )
+
+    def load() -> torch.nn.Module:
+        m = load_source(b.source, b.seed)[0]
+        precision.store_parameters(m, b.device, b.dtype)  # as the engine stores it
+        return m.eval()
+
+    model = eng.compute.call(load)
 
     def generate() -> None:
         def run() -> None:

@@ -58,8 +58,8 @@ def compute_dtype(
 def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
     """Move a frozen base to the device in the storage its compute dtype wants (module docstring).
     Returns the dtype of the sampler's KV cache: None for the one the model computes in."""
-    store = dtype if device.type == "cuda" else torch.float32
-    model.to(device=device, dtype=store).eval().requires_grad_(False)
+    store_parameters(model, device, dtype if device.type == "cuda" else torch.float32)
+    model.eval().requires_grad_(False)
     if device.type != "cpu":
         return None
     install_decode_attention(model)
@@ -73,6 +73,16 @@ def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> t
     # reading them) where the engine's attention kernel reads them. CPU SDPA in bf16 is several times
     # slower for a one-token query, so without the kernel the cache stays fp32.
     return torch.bfloat16 if decode_attention.ENABLED and kernels.load() is not None else torch.float32
+
+
+def store_parameters(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> None:
+    """Move the model to the device with its parameters in dtype and its buffers as they are:
+    `model.to(dtype=...)` would also round the rotary embedding's fp32 inverse frequencies (a
+    buffer) to bf16, an angle error that grows with the position."""
+    model.to(device=device)
+    for p in model.parameters():  # tied weights are one parameter: cast once, still tied
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
 
 
 def bf16_linear_weights(model: PreTrainedModel) -> None:

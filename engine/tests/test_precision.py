@@ -12,6 +12,7 @@ from helpers import PARITY_TOL, add_policy, ppo_data, seqs
 
 from marft_engine import decode_attention, kernels, precision
 from marft_engine.engine import Engine
+from marft_engine.models import load_source
 from marft_engine.schemas import (
     BaseCreate,
     Datum,
@@ -410,3 +411,20 @@ def test_explicit_attention_equals_sdpa_in_values_and_gradients() -> None:
         want_grads = torch.autograd.grad((want * w).sum(), [q, k, v])
         for a, b in zip(grads, want_grads, strict=True):
             assert torch.allclose(a, b, atol=1e-4), (T, L, padded)
+
+
+def test_a_gpu_base_stores_its_parameters_in_bf16_and_keeps_its_rotary_frequencies() -> None:
+    """What `place` does on a GPU (`store_parameters`, here on the CPU): every parameter in bf16, the
+    tied embedding and head still one tensor, and the rotary inverse frequencies (a buffer) still fp32,
+    as computed: in bf16 they would be off by up to 2^-9 relative, an angle error that grows with the
+    position."""
+    model, _ = load_source("tiny:llama", 0)
+    inv = {n: b.clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
+    assert inv and all(b.dtype == torch.float32 for b in inv.values())
+    precision.store_parameters(model, torch.device("cpu"), torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    if model.config.tie_word_embeddings:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    for n, b in model.named_buffers():
+        if n in inv:
+            assert b.dtype == torch.float32 and torch.equal(b, inv[n]), n
