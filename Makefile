@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 NODE_STAMP := node_modules/.stamp
 VENV_STAMP := $(VENV)/.stamp
 
-.PHONY: setup test test-ts test-py lint demo bench openapi check-openapi clean
+.PHONY: setup test test-ts test-py lint demo bench gpu-wheels openapi check-openapi clean
 
 GEMMA3 := .cache/models/gemma3-270m/config.json
 
@@ -99,6 +99,10 @@ demo: setup
 
 bench: setup
 	npx marft bench --quick
+
+# Wheels for a lent GPU machine's Python (bench/gpu_device.sh runs the GPU bench there; engine/README.md)
+gpu-wheels: $(VENV_STAMP)
+	bash bench/gpu_wheels.sh
 
 clean:
 	rm -rf node_modules $(VENV) .cache

@@ -346,6 +346,10 @@ def adapter_params(model: peft.PeftModel, name: str) -> list[torch.nn.Parameter]
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.AdamW:
+    # foreach on a GPU: a few kernels a step over all of an adapter's hundreds of LoRA tensors, not
+    # several per tensor (a step is bound by launches). A CPU keeps the per-tensor loop (the golden
+    # runs' bits; PyTorch's own default there).
+    foreach = bool(params) and params[0].device.type == "cuda"
     return torch.optim.AdamW(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
+        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=foreach
     )
