@@ -34,14 +34,13 @@ from .schemas import (
 )
 from .shards import CallTotals, value_summary
 
-# Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches).
+# Elements of fp32 logits one micro-batch may hold (2^25 = 128 MiB; see micro_batches); on a GPU 1/64
+# of its memory if more: with a 152k vocabulary 128 MiB is 220 positions, a pass bound by its launches.
 LOGITS_BUDGET = 2**25
-# Why the next two (CPU only): glibc maps allocations over 32 MB fresh when its heap has no room, so
-# passes with such tensors fault in pages every call: 0.3-2 million at 8192 tokens (MEASUREMENTS.md).
-HEAD_ROWS = 64  # positions the LM head and its softmax take at a time (12.6 MB of fp32 logits)
-# on a CPU, a training micro-batch's tokens x its base's widest layer x 4 bytes (`token_budget`:
-# 2730 tokens for SmolLM2's 1536-wide MLP)
-CPU_ACTIVATION_BYTES = 2**24
+# The next two (CPU only): glibc maps allocations over 32 MB fresh when its heap has no room, so passes
+# with such tensors fault in pages every call (MEASUREMENTS.md).
+HEAD_ROWS = 64  # scored positions the LM head and its softmax take at a time (12.6 MB of fp32 logits)
+CPU_ACTIVATION_BYTES = 2**24  # a CPU training micro-batch's tokens x its widest layer x 4 bytes, at most
 
 
 @contextlib.contextmanager
@@ -103,7 +102,7 @@ def token_budget(base: Base, budget: int) -> int:
 
 def micro_batches(data: list[Datum], budget: int, base: Base, critic: bool) -> list[list[int]]:
     """Consecutive groups whose padded size (rows x longest) stays within the token budget, and
-    whose fp32 logits stay near LOGITS_BUDGET elements: with a 49k vocabulary, 8192 tokens of fp32
+    whose fp32 logits stay near LOGITS_BUDGET elements (on a GPU more): with a 49k vocabulary, 8192 tokens of fp32
     logits are 1.6 GB, and the log-softmax, exp and gradient tensors built from them several times
     that. Logits exist only at the scored positions (weights > 0) for model families with a plain LM
     head (see token_scores), at every position otherwise; a critic has none."""
@@ -111,12 +110,14 @@ def micro_batches(data: list[Datum], budget: int, base: Base, critic: bool) -> l
     cur: list[int] = []
     longest = 0
     scored = 0  # positions of the current group that need logits (plain head)
+    mem = torch.cuda.get_device_properties(base.device).total_memory if base.device.type == "cuda" else 0
+    logits = max(LOGITS_BUDGET, mem // 256)  # elements: on a GPU 1/64 of its memory in fp32, if more
     for i, d in enumerate(data):
         n = len(d.tokens)
         padded = (len(cur) + 1) * max(longest, n)
         mine = sum(1 for w in d.weights[1:] if w > 0) if d.weights is not None else n - 1
         logit_rows = 0 if critic else (scored + mine if base.plain_head else padded)
-        if cur and (padded > budget or logit_rows * base.vocab_size > LOGITS_BUDGET):
+        if cur and (padded > budget or logit_rows * base.vocab_size > logits):
             groups.append(cur)
             cur, longest, scored = [], 0, 0
         cur.append(i)
@@ -217,8 +218,7 @@ def forward(registry: Registry, body: ForwardRequest) -> ForwardResponse:
                 assert adapter is not None
                 v = values(base, adapter, ids, mask)  # [B, T]
                 for r, i in enumerate(idx):
-                    n = len(body.data[i].tokens)
-                    results[i] = ForwardResult(values=v[r, :n].tolist())
+                    results[i] = ForwardResult(values=v[r, : len(body.data[i].tokens)].tolist())
                 continue
             # weights given: log-probs only where they are positive (e.g. a response), 0 elsewhere
             w = pad(base, body.data, idx, "weights")  # [B, T]
