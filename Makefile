@@ -14,8 +14,24 @@ GEMMA3 := .cache/models/gemma3-270m/config.json
 # npm and pip run side by side (both mostly wait on disk and network), then Gemma's conversion (one
 # thread) beside the kernels' build.
 setup:
-	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) $(VENV_STAMP)
+	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) $(VENV_STAMP) $(TCMALLOC_STAMP)
 	@$(MAKE) --no-print-directory -j2 $(GEMMA3) $(KERNEL_STAMP)
+
+# tcmalloc (gperftools' minimal build, Debian's libtcmalloc-minimal4), unpacked into the model cache
+# without installing it; the launcher preloads it into every engine process it starts
+# (src/client/launcher.ts: engineAllocatorEnv): CPU passes ran faster with it (docs/MEASUREMENTS.md).
+# Where apt cannot fetch it, engines keep glibc's malloc and this step says so.
+TCMALLOC_STAMP := .cache/tcmalloc/.stamp
+$(TCMALLOC_STAMP):
+	@mkdir -p .cache/tcmalloc && rm -rf .cache/tcmalloc/deb && mkdir .cache/tcmalloc/deb
+	@if (cd .cache/tcmalloc/deb && (apt-get download -q libtcmalloc-minimal4 >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && apt-get download -q libtcmalloc-minimal4 >/dev/null 2>&1))) && \
+		dpkg -x .cache/tcmalloc/deb/*.deb .cache/tcmalloc/deb/root && \
+		cp -L .cache/tcmalloc/deb/root/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 .cache/tcmalloc/lib.tmp && \
+		mv .cache/tcmalloc/lib.tmp .cache/tcmalloc/libtcmalloc_minimal.so.4; then \
+		echo "tcmalloc: .cache/tcmalloc/libtcmalloc_minimal.so.4"; \
+	else echo "tcmalloc: not fetched (apt-get download libtcmalloc-minimal4 failed): engines use glibc's malloc"; fi
+	@rm -rf .cache/tcmalloc/deb && touch $@
 
 # The engine's CPU kernels (decode attention, few-row fp32 products), compiled once for this CPU into the
 # model cache (under a minute), so that no engine start pays for it (engine/marft_engine/kernels.py).

@@ -1,12 +1,12 @@
 import { spawn } from "node:child_process";
-import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { EngineClient, EngineError } from "../src/client/client.ts";
-import { connectEngine, startLocalEngine } from "../src/client/launcher.ts";
+import { connectEngine, engineAllocatorEnv, startLocalEngine } from "../src/client/launcher.ts";
 import { createPolicy, createTinyBase, useEngine } from "./helpers/engine.ts";
 
 const eng = useEngine();
@@ -168,9 +168,28 @@ describe("launcher", () => {
     const e = eng.engine;
     const pid = e.process!.pid!;
     expect((await e.client.health()).status).toBe("ok");
+    // tcmalloc is in the engine process where `make setup` fetched it (engineAllocatorEnv), and the
+    // engine's log names the allocator it runs on
+    const preload = "LD_PRELOAD" in engineAllocatorEnv();
+    expect(readFileSync(`/proc/${pid}/maps`, "utf8").includes("libtcmalloc_minimal")).toBe(preload);
+    expect(readFileSync(eng.logFile, "utf8")).toContain(
+      `memory allocator: ${preload ? "tcmalloc" : "the C library's malloc"}`,
+    );
     await e.stop();
     expect(alive(pid)).toBe(false);
     expect((await caught(e.client.health({ timeoutMs: 2000 }))).kind).toBe("connection");
+  });
+
+  it("preloads tcmalloc from the model cache unless told not to", () => {
+    const cache = mkdtempSync(join(tmpdir(), "marft-cache-"));
+    const env = { MARFT_CACHE_DIR: cache, LD_PRELOAD: "/lib/other.so" };
+    expect(engineAllocatorEnv(env)).toEqual({}); // not fetched: glibc's malloc
+    mkdirSync(join(cache, "tcmalloc"));
+    const lib = join(cache, "tcmalloc", "libtcmalloc_minimal.so.4");
+    writeFileSync(lib, "");
+    expect(engineAllocatorEnv(env).LD_PRELOAD).toBe(`${lib}:/lib/other.so`);
+    expect(engineAllocatorEnv({ MARFT_CACHE_DIR: cache }).LD_PRELOAD).toBe(lib);
+    expect(engineAllocatorEnv({ ...env, MARFT_ALLOCATOR: "system" })).toEqual({});
   });
 
   it("an engine that crashes at start gives an error with the log tail", async () => {

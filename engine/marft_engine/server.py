@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from fastapi import FastAPI, Request
@@ -433,6 +434,9 @@ def main(argv: list[str] | None = None) -> None:
 
         engine = Engine(device=args.device, max_batch=args.max_batch, checkpoint_root=args.checkpoint_root)
     log.info("checkpoint root: %s", engine.checkpoint_root)
+    maps = Path("/proc/self/maps")
+    preloaded = maps.exists() and "libtcmalloc" in maps.read_text()  # by the launcher (engineAllocatorEnv)
+    log.info("memory allocator: %s", "tcmalloc" if preloaded else "the C library's malloc")
     app = create_app(engine, token)
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)

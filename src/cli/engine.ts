@@ -5,6 +5,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { engineAllocatorEnv } from "../client/launcher.ts";
 import { parseCommand } from "./args.ts";
 
 const USAGE = `usage: marft engine serve [--host 127.0.0.1] [--port 8765] [--device auto|cpu|cuda] [--max-batch N]
@@ -64,7 +65,7 @@ export async function engineCommand(args: string[]): Promise<void> {
   if (values["max-batch"]) pyArgs.push("--max-batch", values["max-batch"]);
   const child = spawn(enginePython(), pyArgs, {
     cwd: `${REPO_ROOT}engine`,
-    env: { ...process.env, MARFT_ENGINE_TOKEN: token },
+    env: { ...process.env, ...engineAllocatorEnv(), MARFT_ENGINE_TOKEN: token },
     stdio: ["ignore", "pipe", "inherit"],
   });
   let buffer = "";

@@ -82,6 +82,24 @@ const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 /** Where a local engine runs (its relative paths, e.g. of `hf:` sources, are taken from here). */
 export const ENGINE_CWD = REPO_ROOT;
 
+/**
+ * Environment that preloads tcmalloc into an engine process, where `make setup` unpacked it into the
+ * model cache (`MARFT_CACHE_DIR`, default `.cache`): the engine's CPU passes ran faster with it than
+ * with glibc's malloc, which also maps a shared training pass's large tensors fresh each call
+ * (docs/MEASUREMENTS.md). Empty where it is missing or `MARFT_ALLOCATOR=system` asks for glibc's.
+ */
+export function engineAllocatorEnv(env: NodeJS.ProcessEnv = process.env): Record<string, string> {
+  if (env["MARFT_ALLOCATOR"] === "system") return {};
+  const cache = env["MARFT_CACHE_DIR"] ?? resolve(REPO_ROOT, ".cache");
+  const lib = resolve(cache, "tcmalloc", "libtcmalloc_minimal.so.4");
+  if (!existsSync(lib)) return {};
+  return {
+    LD_PRELOAD: [lib, env["LD_PRELOAD"]].filter(Boolean).join(":"),
+    // tcmalloc reports each allocation over 1 GB on stderr (the engine log) unless told otherwise
+    TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD: String(2 ** 40),
+  };
+}
+
 /** The last `lines` lines of a log file, for error messages. */
 export function logTail(file: string, lines = 30): string {
   if (!existsSync(file)) return "(no log)";
@@ -166,7 +184,13 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
   try {
     child = spawn(python, args, {
       cwd: opts.cwd ?? REPO_ROOT,
-      env: { ...process.env, PYTHONUNBUFFERED: "1", ...opts.env, MARFT_ENGINE_TOKEN: token },
+      env: {
+        ...process.env,
+        ...engineAllocatorEnv({ ...process.env, ...opts.env }),
+        PYTHONUNBUFFERED: "1",
+        ...opts.env,
+        MARFT_ENGINE_TOKEN: token,
+      },
       stdio: ["ignore", "pipe", logFd],
       detached: true,
     });
