@@ -9,7 +9,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import type { ComputeEngine } from "../src/client/compute.ts";
-import { startLocalEngine } from "../src/client/launcher.ts";
+import { engineAllocatorEnv, startLocalEngine } from "../src/client/launcher.ts";
 import { datasetsDir } from "../src/envs/datasets.ts";
 import { loadMathProblems } from "../src/envs/math/data.ts";
 import { MathEnv } from "../src/envs/math/env.ts";
@@ -243,6 +243,7 @@ function referenceRollout(
   const out = execFileSync(join(REPO, ".venv/bin/python"), [join(REPO, "bench/reference_rollout.py"), spec], {
     encoding: "utf8",
     stdio: ["ignore", "pipe", "ignore"],
+    env: { ...process.env, ...engineAllocatorEnv() }, // the allocator MARFT's engine runs on: a fair pair
   });
   const r = JSON.parse(out.trim().split("\n").at(-1)!) as {
     seconds: number;

@@ -17,6 +17,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
+import { engineAllocatorEnv } from "../client/launcher.ts";
 import { writeFileAtomic } from "../train/rundir.ts";
 
 const REPO = resolve(import.meta.dirname, "../..");
@@ -89,6 +90,8 @@ export async function benchCommand(args: string[]): Promise<void> {
     quick,
   };
   const t0 = Date.now();
+  // the Python benches run engines in their own process: on the allocator the launcher gives engines
+  const benchEnv = { ...process.env, ...engineAllocatorEnv() };
 
   if (want("engine")) {
     process.stderr.write("bench: engine (sampling, mixed adapters, memory, training)...\n");
@@ -96,7 +99,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     execFileSync(
       join(REPO, ".venv/bin/python"),
       [join(REPO, "bench/engine_bench.py"), "--out", engineOut, ...(quick ? ["--quick"] : [])],
-      { stdio: ["ignore", "inherit", "inherit"] },
+      { stdio: ["ignore", "inherit", "inherit"], env: benchEnv },
     );
     results["engine"] = JSON.parse(readFileSync(engineOut, "utf8"));
   }
@@ -113,7 +116,7 @@ export async function benchCommand(args: string[]): Promise<void> {
     execFileSync(
       join(REPO, ".venv/bin/python"),
       [join(REPO, "bench/speed_bench.py"), "--out", speedOut, ...(quick ? ["--quick"] : [])],
-      { stdio: ["ignore", "inherit", "inherit"] },
+      { stdio: ["ignore", "inherit", "inherit"], env: benchEnv },
     );
     const { readFileSync } = await import("node:fs");
     results["speed"] = JSON.parse(readFileSync(speedOut, "utf8"));
