@@ -33,25 +33,17 @@ def child(dtype: str) -> dict[str, float]:
     from marft_engine.schemas import (
         BaseCreate,
         Datum,
-        ForwardBackwardBatch,
-        ForwardBackwardRequest,
         ForwardRequest,
-        OptimStepRequest,
         SampleBatch,
         SampleRequest,
         SamplingParams,
     )
-    from probe import demo_data
-    from speed_bench import SMOL, add_adapters
+    from speed_bench import SMOL, add_adapters, ppo_updates
 
     eng = Engine(device="cpu", max_batch=64)
     eng.create_base(BaseCreate(name="s", source=SMOL, dtype=dtype))  # type: ignore[arg-type]
     names = add_adapters(eng, "s", "t", 4)
-    vocab = eng.bases["s"].vocab_size
-    calls = [
-        ForwardBackwardRequest(adapter=n, loss="ppo", data=demo_data(vocab, 8, 10 + k))
-        for k, n in enumerate(names)
-    ]
+    _, separate, shared = ppo_updates(eng, names, 8)
     g = torch.Generator().manual_seed(0)
 
     def ids(lo: int, hi: int) -> list[int]:
@@ -66,19 +58,6 @@ def child(dtype: str) -> dict[str, float]:
         for i in range(16)
     ]
     rows = [Datum(tokens=ids(70, 120)) for _ in range(32)]
-
-    def steps() -> None:
-        for n in names:
-            eng.optim_step(OptimStepRequest(adapter=n))
-
-    def separate() -> None:
-        for c in calls:
-            eng.forward_backward(c)
-        steps()
-
-    def shared() -> None:
-        eng.forward_backward_batch(ForwardBackwardBatch(calls=calls))
-        steps()
 
     parts = {
         "ppo_4_calls": separate,

@@ -39,7 +39,6 @@ from marft_engine.schemas import (
     AdapterCreate,
     BaseCreate,
     Datum,
-    ForwardBackwardBatch,
     ForwardBackwardRequest,
     LoraConfig,
     OptimStepRequest,
@@ -52,13 +51,12 @@ from probe import (
     alternate,
     attention_flops,
     decode_step_bytes,
-    demo_data,
     left_padded,
     matmul_flops,
     shape,
     timed,
 )
-from speed_bench import add_adapters
+from speed_bench import add_adapters, ppo_updates
 
 
 def bandwidth(device: str, elements: int) -> float:
@@ -168,28 +166,12 @@ def bench_mixed_training(
     eng: Engine, base: str, device: str, reps: int, rows: int
 ) -> dict[str, float]:
     names = add_adapters(eng, base, "m", 4)
-    vocab = eng.bases[base].vocab_size
-    calls = [
-        ForwardBackwardRequest(
-            adapter=n, loss="ppo", data=demo_data(vocab, rows, 10 + k)
-        )
-        for k, n in enumerate(names)
-    ]
-
-    def steps() -> None:
-        for n in names:
-            eng.optim_step(OptimStepRequest(adapter=n))
-
-    def separate() -> None:
-        for c in calls:
-            eng.forward_backward(c)
-        steps()
+    _, separate, shared_pass = ppo_updates(eng, names, rows)
 
     def shared(stacked: bool) -> Callable[[], None]:
         def run() -> None:
             lora_batch.TRAIN_STACKED = stacked
-            eng.forward_backward_batch(ForwardBackwardBatch(calls=calls))
-            steps()
+            shared_pass()
 
         return run
 

@@ -191,14 +191,15 @@ def bench_decode(
     }
 
 
-def bench_train(
-    eng: Engine, base: str, device: str, reps: int, n_data: int = 8
-) -> dict[str, float]:
-    names = add_adapters(eng, base, "t", 4)
-    b = eng.bases[base]
+def ppo_updates(
+    eng: Engine, names: list[str], n_data: int
+) -> tuple[list[ForwardBackwardRequest], Callable[[], None], Callable[[], None]]:
+    """These adapters' PPO calls on the demo's shapes (`demo_data`), and their updates two ways,
+    optimizer steps included: the calls one by one, and one forward_backward_batch."""
+    vocab = eng.adapters[names[0]].base.vocab_size
     calls = [
         ForwardBackwardRequest(
-            adapter=n, loss="ppo", data=demo_data(b.vocab_size, n_data, 10 + k)
+            adapter=n, loss="ppo", data=demo_data(vocab, n_data, 10 + k)
         )
         for k, n in enumerate(names)
     ]
@@ -212,9 +213,19 @@ def bench_train(
             eng.forward_backward(c)
         steps()
 
-    def fused() -> None:
+    def shared() -> None:
         eng.forward_backward_batch(ForwardBackwardBatch(calls=calls))
         steps()
+
+    return calls, separate, shared
+
+
+def bench_train(
+    eng: Engine, base: str, device: str, reps: int, n_data: int = 8
+) -> dict[str, float]:
+    names = add_adapters(eng, base, "t", 4)
+    b = eng.bases[base]
+    calls, separate, fused = ppo_updates(eng, names, n_data)
 
     def one() -> None:
         eng.forward_backward(calls[0])
