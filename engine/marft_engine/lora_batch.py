@@ -342,8 +342,9 @@ def _train_rows_forward(
     """Per-row LoRA with gradients (forward_backward over several adapters, training_batch.py), added
     to the frozen layer's output: on a GPU all the adapters' products stacked (`_train_stacked`,
     `TRAIN_STACKED`); on a CPU, or with dropout or a LoRA bias, each run of one adapter's rows through
-    its own A and B (`_lora_term`, dropout included). The runs are views of x and their outputs are joined once: gathering and
-    scattering rows per adapter copied the whole layer output once per adapter, in every layer.
+    its own A and B (`_lora_term`, dropout included). The runs are views of x and their outputs are
+    joined once: gathering and scattering rows per adapter copied the whole layer output once per
+    adapter, in every layer.
     x [B, T, d_in] -> [B, T, d_out]."""
     for k in lora_layer.VARIANT_KWARG_KEYS:
         kwargs.pop(k, None)

@@ -101,11 +101,11 @@ def token_budget(base: Base, budget: int) -> int:
 
 
 def micro_batches(data: list[Datum], budget: int, base: Base, critic: bool) -> list[list[int]]:
-    """Consecutive groups whose padded size (rows x longest) stays within the token budget, and
-    whose fp32 logits stay near LOGITS_BUDGET elements (on a GPU more): with a 49k vocabulary, 8192 tokens of fp32
-    logits are 1.6 GB, and the log-softmax, exp and gradient tensors built from them several times
-    that. Logits exist only at the scored positions (weights > 0) for model families with a plain LM
-    head (see token_scores), at every position otherwise; a critic has none."""
+    """Consecutive groups whose padded size (rows x longest) stays within the token budget, and whose
+    fp32 logits stay near LOGITS_BUDGET elements (a GPU: more): with a 49k vocabulary, 8192 tokens'
+    fp32 logits are 1.6 GB, and the log-softmax, exp and gradient tensors built from them several
+    times that. Logits exist only at the scored positions (weights > 0) for model families with a
+    plain LM head (see token_scores), at every position otherwise; a critic has none."""
     groups: list[list[int]] = []
     cur: list[int] = []
     longest = 0

@@ -186,9 +186,10 @@ export async function startLocalEngine(opts: LocalEngineOptions): Promise<Engine
       cwd: opts.cwd ?? REPO_ROOT,
       env: {
         ...process.env,
-        ...engineAllocatorEnv({ ...process.env, ...opts.env }),
         PYTHONUNBUFFERED: "1",
         ...opts.env,
+        // after opts.env: its own LD_PRELOAD is kept inside this one, not put in its place
+        ...engineAllocatorEnv({ ...process.env, ...opts.env }),
         MARFT_ENGINE_TOKEN: token,
       },
       stdio: ["ignore", "pipe", logFd],
