@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -9,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from marft_engine import losses
 from marft_engine.engine import Engine
-from marft_engine.server import create_app
+from marft_engine.server import create_app, listen_socket
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -213,3 +215,27 @@ def test_a_failing_decode_step_fails_its_call_not_the_engine(
     monkeypatch.undo()
     r = client.post("/v1/sample", json=body)
     assert r.status_code == 200 and len(r.json()["results"][0]["completions"][0]["response_ids"]) == 3
+
+
+def test_the_servers_connections_answer_without_waiting_for_the_clients_ack() -> None:
+    """Every connection accepted on the server's socket has TCP_NODELAY: asyncio sets it only where
+    the listening socket says TCP, and without it each answer on a kept-alive connection waited for
+    the client's delayed ACK."""
+    sock = listen_socket("127.0.0.1", 0)
+
+    async def accept_one() -> list[int]:
+        seen: list[int] = []
+
+        async def on_connection(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            seen.append(w.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            w.close()
+
+        server = await asyncio.start_server(on_connection, sock=sock)  # what uvicorn does with it
+        reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        await reader.read()  # until the server has looked and closed
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return seen
+
+    assert asyncio.run(accept_one()) == [1]
