@@ -369,13 +369,10 @@ def _process_gone(pid: int) -> bool:
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """The server's socket, bound (port 0: any free port). IPPROTO_TCP is named, not left 0: asyncio
-    sets TCP_NODELAY on an accepted connection only when its socket says TCP. Without it, every answer
-    on a kept-alive connection waited for the client's delayed ACK (its body is a second write after
-    its headers): tens of milliseconds a call."""
-    sock = socket.socket(
-        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
-    )
+    """Bound (port 0: any free port), naming IPPROTO_TCP: only then does asyncio set TCP_NODELAY on
+    accepted connections, and without it each kept-alive answer waited for the client's delayed ACK."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
