@@ -181,6 +181,7 @@ def test_a_damaged_manifest_is_a_400(client: TestClient, root: Path) -> None:
         ),
         ('"old_logprobs": [0, 0, -Infinity, 0]', "data[0].old_logprobs[2]", "-Infinity"),
         ('"old_logprobs": [0, 0, 0, 1e999]', "data[0].old_logprobs[3]", "1e999"),
+        ('"old_logprobs": [0, -1E+400, 0, 0]', "data[0].old_logprobs[1]", "-1E+400"),
     ],
 )
 def test_non_finite_numbers_are_400s_naming_the_field(
@@ -196,6 +197,24 @@ def test_non_finite_numbers_are_400s_naming_the_field(
     assert client.post("/v1/optim_step", json={"adapter": "p"}).is_success
     after = weights(client)
     assert after == before and all(np.isfinite(after))
+
+
+@pytest.mark.parametrize(
+    ("body", "found"),
+    [
+        (b'{"a": [1, -2.5, 3e-7], "text": "NaN is no number"}', None),  # a string that spells NaN
+        (b'{"a": [1, -2.5, 3e-7], "b": "e123"}', None),  # looks like an exponent: parsed, finite
+        (b'{"a": [1.5e+300, 2E100, -1e-400]}', None),  # large, yet finite; underflow is 0
+        (b'{"a": [1, {"b": [2, 1E+400]}]}', ("a[1].b[1]", "1E+400")),
+        (b'{"a": [1, 2e308]}', ("a[1]", "2e308")),
+        (b'{"a": -Infinity}', ("a", "-Infinity")),
+    ],
+)
+def test_the_body_scan_finds_exactly_the_non_finite_numbers(
+    body: bytes, found: tuple[str, str] | None
+) -> None:
+    """The server's scan before validation: the cheap checks only decide whether to parse again."""
+    assert server._body_non_finite(body) == found
 
 
 def test_values_that_overflow_never_reach_the_weights(client: TestClient) -> None:
